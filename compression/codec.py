@@ -1,0 +1,78 @@
+"""The update message: a list of parts, one per tensor of the layout, framed for the wire.
+
+Message layout (little-endian)::
+
+    u8  format version (1)
+    u16 number of parts (must equal the layout's tensor count)
+    per part: u8 kind, u8 flags, u32 body length, body
+
+Decoding checks every length before it slices and every index and value before it returns,
+and raises :class:`CodecError` with a short reason that the server records per rejection.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .layout import Layout
+from .parts import PART_KINDS, Part, PartError, WireFormat
+
+FORMAT_VERSION = 1
+_HEAD = struct.Struct("<BH")
+_PART_HEAD = struct.Struct("<BBI")
+
+
+class CodecError(ValueError):
+    """A message that must not be applied; ``reason`` is a short stable label for traces."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def encode(parts: list[Part], layout: Layout, wire: WireFormat = WireFormat()) -> bytes:
+    if len(parts) != len(layout):
+        raise ValueError(f"{len(parts)} parts for a layout of {len(layout)} tensors")
+    flags = wire.flags
+    chunks = [_HEAD.pack(FORMAT_VERSION, len(parts))]
+    for part, size in zip(parts, layout.sizes):
+        body = part.write(size, flags)
+        chunks.append(_PART_HEAD.pack(part.kind, flags, len(body)))
+        chunks.append(body)
+    return b"".join(chunks)
+
+
+def decode(message: bytes | memoryview, layout: Layout) -> list[Part]:
+    view = memoryview(message)
+    if len(view) < _HEAD.size:
+        raise CodecError("truncated", "message shorter than its header")
+    version, count = _HEAD.unpack_from(view, 0)
+    if version != FORMAT_VERSION:
+        raise CodecError("bad_format", f"message format {version}, expected {FORMAT_VERSION}")
+    if count != len(layout):
+        raise CodecError("bad_layout", f"{count} parts, the model has {len(layout)} tensors")
+    pos = _HEAD.size
+    parts: list[Part] = []
+    for size in layout.sizes:
+        if pos + _PART_HEAD.size > len(view):
+            raise CodecError("truncated", "part header past the end")
+        kind, flags, length = _PART_HEAD.unpack_from(view, pos)
+        pos += _PART_HEAD.size
+        if pos + length > len(view):
+            raise CodecError("truncated", f"part of {length} bytes past the end")
+        part_type = PART_KINDS.get(kind)
+        if part_type is None:
+            raise CodecError("bad_kind", f"unknown part kind {kind}")
+        try:
+            parts.append(part_type.read(view[pos : pos + length], size, flags))
+        except PartError as exc:
+            raise CodecError("bad_part", str(exc)) from None
+        pos += length
+    if pos != len(view):
+        raise CodecError("trailing", f"{len(view) - pos} bytes after the last part")
+    return parts
+
+
+def round_trip(parts: list[Part], wire: WireFormat) -> list[Part]:
+    """The parts as the receiver will see them (lossy value formats applied), without bytes."""
+    return [part.rounded(wire.flags) for part in parts]

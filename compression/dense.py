@@ -1,0 +1,14 @@
+"""No compression: the whole gradient, as plain asynchronous SGD sends it."""
+
+from __future__ import annotations
+
+from .base import Compressor, register
+from .parts import DensePart
+
+
+@register
+class Dense(Compressor):
+    name = "dense"
+
+    def compress(self, grads):
+        return [DensePart(g) for g in grads]

@@ -1,0 +1,52 @@
+"""Per-tensor top-c selection, as AdaComp and Comp-c do it (Hardy et al., NCA 2017).
+
+For every tensor ``l`` separately keep the ``k_l = max(1, floor(c * n_l))`` entries of largest
+magnitude; the rest is dropped (no residual, unless the method adds error feedback).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from pydantic import Field
+
+from .base import Compressor, Params, register
+from .parts import SparsePart
+
+
+def keep_count(size: int, c: float) -> int:
+    """``k_l = max(1, floor(c * n_l))``, the authors' rule."""
+    return max(1, min(size, math.floor(c * size)))
+
+
+def top_magnitude(values: np.ndarray, k: int) -> np.ndarray:
+    """Sorted flat indices of the ``k`` largest ``|values|`` (ties broken arbitrarily)."""
+    size = values.size
+    if k >= size:
+        return np.arange(size, dtype=np.int64)
+    magnitude = np.abs(values)
+    chosen = np.argpartition(magnitude, size - k)[size - k :]
+    chosen.sort()
+    return chosen.astype(np.int64, copy=False)
+
+
+class TopKParams(Params):
+    c: float = Field(0.01, gt=0, le=1, description="fraction of each tensor's entries kept")
+
+
+@register
+class TopK(Compressor):
+    name = "topk"
+    Params = TopKParams
+
+    def __init__(self, params, layout, seed=0):
+        super().__init__(params, layout, seed)
+        self.keep = [keep_count(size, params.c) for size in layout.sizes]
+
+    def compress(self, grads):
+        parts = []
+        for g, k in zip(grads, self.keep):
+            idx = top_magnitude(g, k)
+            parts.append(SparsePart(idx, g[idx]))
+        return parts

@@ -1,0 +1,41 @@
+"""Backends by name. ``local`` runs plain processes; ``docker`` one container per device."""
+
+from __future__ import annotations
+
+from .base import Backend, BackendUnavailable, Endpoints, RunContext
+
+BACKENDS: dict[str, str] = {
+    "local": "emulator.backends.local:LocalBackend",
+    "docker": "emulator.backends.docker:DockerBackend",
+}
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class registered under ``name`` (imported on demand: docker needs its SDK)."""
+    import importlib
+
+    try:
+        module, attr = BACKENDS[name].split(":")
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(sorted(BACKENDS))}") from None
+    return getattr(importlib.import_module(module), attr)
+
+
+def choose(requested: str, say=print) -> type[Backend]:
+    """``auto``: docker when a daemon answers, else local, and say which and why."""
+    if requested != "auto":
+        cls = backend_class(requested)
+        ok, why = cls.available()
+        if not ok:
+            raise BackendUnavailable(f"backend {requested!r} is not usable here: {why}")
+        return cls
+    docker_cls = backend_class("docker")
+    ok, why = docker_cls.available()
+    if ok:
+        say("backend: docker (a Docker daemon answers)")
+        return docker_cls
+    say(f"backend: local (docker not usable: {why})")
+    return backend_class("local")
+
+
+__all__ = ["BACKENDS", "Backend", "BackendUnavailable", "Endpoints", "RunContext", "backend_class", "choose"]

@@ -1,0 +1,109 @@
+"""The backend contract: how a plan's devices become running things, and how faults reach them.
+
+A backend starts, stops, pauses, throttles and shapes devices; the controller decides when.
+Link properties are realised by the best mechanism the backend has (``mechanisms``); what it
+cannot realise in the kernel it hands to the device's in-process shaper (``transport_link``),
+and what nothing realises is recorded as ``none``, never silently ignored.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..plan import DevicePlan, LinkPlan
+
+LINK_PROPERTIES = ("uplink", "downlink", "delay", "jitter", "loss")
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Addresses as each side sees them."""
+
+    collector_bind: str  # where the controller's collector listens
+    collector_host: str  # how devices reach the collector
+    server_bind: tuple[str, int]  # where the parameter server listens, inside its device
+    server_address: tuple[str, int]  # how devices reach the parameter server
+    data_dir: str  # the shard directory as devices see it
+
+
+@dataclass(frozen=True)
+class RunContext:
+    run_id: str
+    run_dir: str
+    data_dir: str  # the shard directory on the controller's machine
+    start_time: float
+
+
+class BackendUnavailable(RuntimeError):
+    """This backend cannot run here; the message says why and what to do."""
+
+
+class Backend(ABC):
+    name: ClassVar[str]
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        """(usable here, why not)."""
+        return True, ""
+
+    @abstractmethod
+    def prepare(self, ctx: RunContext, devices: tuple[DevicePlan, ...]) -> Endpoints:
+        """Create what the run needs before any device starts (network, image, cgroups)."""
+
+    @abstractmethod
+    def mechanisms(self, device: DevicePlan) -> dict[str, str]:
+        """Property -> mechanism realising it for this device: cpus and each link property."""
+
+    def transport_link(self, device: DevicePlan, link: LinkPlan) -> dict:
+        """The link settings the device's own shaper must apply (those no kernel mechanism took)."""
+        mech = self.mechanisms(device)
+        out = {}
+        if mech.get("uplink", "").startswith("transport"):
+            out["uplink_bps"] = link.uplink_bps
+        if mech.get("downlink", "").startswith("transport"):
+            out["downlink_bps"] = link.downlink_bps
+        if mech.get("delay", "").startswith("transport"):
+            out["delay_s"] = link.delay_s
+        if mech.get("jitter", "").startswith("transport"):
+            out["jitter_s"] = link.jitter_s
+        return out
+
+    @abstractmethod
+    def start(self, device: DevicePlan, config: dict) -> None:
+        """Start (or restart) the device's program, unthrottled: the controller applies the
+        device's CPU quota with :meth:`set_cpus` once the program reports ready, so loading
+        TensorFlow is not part of what is emulated."""
+
+    @abstractmethod
+    def kill(self, device: DevicePlan) -> None:
+        """SIGKILL: a crash, no chance to clean up."""
+
+    @abstractmethod
+    def pause(self, device: DevicePlan) -> None: ...
+
+    @abstractmethod
+    def resume(self, device: DevicePlan) -> None: ...
+
+    @abstractmethod
+    def set_cpus(self, device: DevicePlan, cpus: float) -> None: ...
+
+    @abstractmethod
+    def set_link(self, device: DevicePlan, link: LinkPlan) -> None:
+        """Apply the kernel-realised part of a link (the controller sends the rest to the device)."""
+
+    @abstractmethod
+    def partition(self, device: DevicePlan, cut: bool) -> bool:
+        """Cut (or restore) the device's link; False if the backend leaves it to the transport."""
+
+    @abstractmethod
+    def alive(self, device: DevicePlan) -> bool: ...
+
+    def sample(self) -> list[dict]:
+        """Per-device counters now (cpu, memory, interface bytes) for the stats and net streams."""
+        return []
+
+    @abstractmethod
+    def teardown(self) -> None:
+        """Remove everything this backend created for the run; safe to call twice."""

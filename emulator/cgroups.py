@@ -1,0 +1,99 @@
+"""CPU quotas for plain processes through Linux cgroups (v1 ``cpu`` controller or v2 ``cpu.max``).
+
+Used by the local backend when it runs as root: each device gets a cgroup under
+``edge-emulator/<run-id>/<device>`` whose CFS quota is ``cpus * period``; changing the quota
+at run time is one write. Without permission the quota is recorded as not enforced.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+ROOT_NAME = "edge-emulator"
+PERIOD_US = 100_000
+V1_CPU = Path("/sys/fs/cgroup/cpu")
+V2 = Path("/sys/fs/cgroup")
+
+
+def _version() -> int | None:
+    if (V1_CPU / "cpu.cfs_quota_us").exists():
+        return 1
+    if (V2 / "cgroup.controllers").exists():
+        return 2
+    return None
+
+
+def _base() -> Path | None:
+    version = _version()
+    return {1: V1_CPU, 2: V2}.get(version) if version else None
+
+
+def available() -> tuple[bool, str]:
+    base = _base()
+    if base is None:
+        return False, "no cgroup cpu controller mounted"
+    if not os.access(base, os.W_OK):
+        return False, f"{base} is not writable (run as root to enforce CPU quotas)"
+    if _version() == 2 and "cpu" not in (V2 / "cgroup.subtree_control").read_text().split():
+        try:
+            (V2 / "cgroup.subtree_control").write_text("+cpu")
+        except OSError as exc:
+            return False, f"cannot enable the cpu controller: {exc}"
+    return True, ""
+
+
+class CpuGroup:
+    """One device's cgroup: created on demand, quota settable at run time, removed at teardown."""
+
+    def __init__(self, run_id: str, device: str):
+        self.version = _version()
+        self.path = _base() / ROOT_NAME / run_id / device
+
+    def create(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def set_cpus(self, cpus: float | None) -> None:
+        """Quota of ``cpus`` cores; None lifts the limit (devices boot unthrottled)."""
+        quota = max(1000, int(cpus * PERIOD_US)) if cpus else None
+        if self.version == 1:
+            (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (self.path / "cpu.cfs_quota_us").write_text(str(quota or -1))
+        else:
+            (self.path / "cpu.max").write_text(f"{quota or 'max'} {PERIOD_US}")
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+
+def remove_tree(run_id: str | None = None) -> list[str]:
+    """Kill what is left in our cgroups and remove them (one run, or all runs); returns what went."""
+    base = _base()
+    if base is None:
+        return []
+    root = base / ROOT_NAME / run_id if run_id else base / ROOT_NAME
+    if not root.exists():
+        return []
+    removed = []
+    for procs in sorted(root.rglob("cgroup.procs")):
+        for pid in procs.read_text().split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+    for directory in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        try:
+            directory.rmdir()
+            removed.append(str(directory))
+        except OSError:
+            pass
+    try:
+        root.rmdir()
+        removed.append(str(root))
+    except OSError:
+        pass
+    return removed
+
+
+__all__ = ["CpuGroup", "available", "remove_tree"]

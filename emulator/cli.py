@@ -1,0 +1,185 @@
+"""``emulate``: a thin command line over the library.
+
+Each command builds the domain objects (scenario, plan, backend, run directory) and calls
+them; everything here is callable from Python too. Scenario problems exit with status 2 and
+name the field; no traceback reaches the user for bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .scenario import ScenarioError, json_schema, load_scenario
+
+EXIT_BAD_INPUT = 2
+
+
+def _say(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _load(path: str, overrides: tuple[str, ...]):
+    from .plan import make_plan
+
+    try:
+        scenario, raw = load_scenario(path, list(overrides))
+        plan = make_plan(scenario)
+    except ScenarioError as exc:
+        if not exc.source:
+            exc = ScenarioError(exc.problems, path)
+        click.echo(exc.render(), err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    return scenario, raw, plan
+
+
+set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                          help="Override a scenario value, e.g. --set workers[0].count=8 (repeatable).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="edge-emulator")
+def main():
+    """Emulate many weak, WAN-connected devices training one model through a parameter server."""
+
+
+@main.command()
+@click.argument("scenario_file", type=click.Path(dir_okay=False))
+@click.option("--backend", type=click.Choice(["auto", "local", "docker"]), default=None, help="Overrides the scenario's backend.")
+@set_option
+@click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False), help="Where run directories go.")
+@click.option("--run-id", default=None, help="Name of the run directory (default: time-name-random).")
+@click.option("--strict", is_flag=True, help="Abort when the fidelity check finds a property off by more than its tolerance.")
+@click.option("--quiet", is_flag=True, help="No live progress lines.")
+def run(scenario_file, backend, overrides, out_root, run_id, strict, quiet):
+    """Run one scenario: devices up, train, record traces, tear down."""
+    from .backends import BackendUnavailable, choose
+    from .controller import Emulation
+    from .rundir import RunDirectory
+
+    scenario, raw, plan = _load(scenario_file, overrides)
+    try:
+        backend_cls = choose(backend or scenario.backend, say=_say)
+    except BackendUnavailable as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    rundir = RunDirectory.create(out_root, plan.name, run_id)
+    emulation = Emulation(
+        plan, backend_cls(), rundir, scenario_text=Path(scenario_file).read_text(),
+        resolved={"scenario": scenario.model_dump(mode="json", by_alias=True), "overrides": list(overrides)},
+        say=_say, progress_every_s=0 if quiet else 2.0, strict=strict,
+    )
+    try:
+        summary = emulation.run()
+    except Exception as exc:  # noqa: BLE001 - the summary has been written; say where
+        click.echo(f"run failed: {type(exc).__name__}: {exc}\nrun directory: {rundir.path}", err=True)
+        sys.exit(1)
+    _print_summary(summary, rundir.path)
+    if summary["status"] == "interrupted":
+        sys.exit(130)
+
+
+def _print_summary(summary: dict, path) -> None:
+    from .units import format_bytes
+
+    acc = summary.get("final_accuracy")
+    accuracy = f"{acc:.4f} at update {summary.get('final_version')}" if acc is not None else "(none recorded)"
+    lines = [
+        f"{summary['status']}: {summary['name']} ({summary['method']}, {summary['workers']} workers, {summary['backend']})",
+        f"  final accuracy   {accuracy}",
+        f"  updates applied  {summary['updates_applied']} in {summary['duration_s']:.1f}s ({summary['updates_per_s'] or 0:.1f}/s)",
+        f"  ingress payload  {format_bytes(summary['ingress_payload_bytes'])} ({summary['ingress_payload_bytes']:,} bytes)",
+    ]
+    if summary.get("ingress_wire_bytes") is not None:
+        lines.append(f"  ingress on wire  {format_bytes(summary['ingress_wire_bytes'])} ({summary['ingress_wire_bytes']:,} bytes)")
+    lines.append(f"  run directory    {path}")
+    click.echo("\n".join(lines))
+
+
+@main.command()
+@click.argument("scenario_file", type=click.Path(dir_okay=False))
+@set_option
+@click.option("--json", "as_json", is_flag=True, help="The whole plan as canonical JSON.")
+def plan(scenario_file, overrides, as_json):
+    """Show the resolved plan: every device and every fault, without running anything."""
+    _, _, resolved = _load(scenario_file, overrides)
+    if as_json:
+        click.echo(resolved.dumps(), nl=False)
+        return
+    click.echo(render_plan(resolved))
+
+
+def render_plan(p) -> str:
+    from .units import format_bytes, format_rate
+
+    def link(l):
+        bits = []
+        bits.append(f"up {format_rate(l.uplink_bps)}" if l.uplink_bps else "up unshaped")
+        bits.append(f"down {format_rate(l.downlink_bps)}" if l.downlink_bps else "down unshaped")
+        if l.delay_s:
+            bits.append(f"delay {l.delay_s * 1000:g}ms")
+        if l.jitter_s:
+            bits.append(f"jitter {l.jitter_s * 1000:g}ms")
+        if l.loss:
+            bits.append(f"loss {l.loss * 100:g}%")
+        return ", ".join(bits)
+
+    t = p.training
+    lines = [
+        f"scenario {p.name} (seed {p.seed}, plan {p.digest()})",
+        f"model {p.model}; dataset {p.dataset['name']} ({p.dataset['partition']}); method {p.method.name} "
+        f"= compressor {p.method.compressor} {p.method.params or ''} + rule {p.method.rule}"
+        + (" + error feedback" if p.method.error_feedback else ""),
+        f"training: batch {t['batch_size']}, alpha {t['learning_rate']}, until "
+        + " or ".join(x for x in (f"{t['max_updates']} updates" if t["max_updates"] else "", f"{t['duration']:g}s" if t["duration"] else "") if x),
+        "",
+        f"{'device':<14} {'group':<12} {'cpus':>6} {'memory':>10}  link",
+    ]
+    for d in p.devices:
+        lines.append(f"{d.name:<14} {d.group:<12} {d.cpus:>6.3g} {format_bytes(d.memory_bytes):>10}  {link(d.link)}")
+    lines.append("")
+    lines.append(f"timeline ({len(p.events)} events, random faults drawn to {p.horizon_s:g}s):")
+    for e in p.events:
+        params = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in e.params.items())
+        lines.append(f"  {e.time_s:>9.3f}s  {e.action:<9} {e.target:<12} {params} [{e.source}]")
+    for tr in p.triggers:
+        lines.append(f"  trigger: {tr['action']} {tr['worker']} after its {tr['after_pushes']}th applied update")
+    return "\n".join(lines)
+
+
+@main.command()
+def schema():
+    """Print the scenario file's JSON Schema (for editor completion)."""
+    click.echo(json.dumps(json_schema(), indent=2))
+
+
+@main.command()
+@click.option("--run", "run_id", default=None, help="Only this run's resources.")
+def clean(run_id):
+    """Remove every resource the emulator created (processes' cgroups, containers, networks, qdiscs)."""
+    from .cleanup import clean_all
+
+    removed = clean_all(run_id, say=_say)
+    click.echo(f"removed {len(removed)} resource(s)")
+    for item in removed:
+        click.echo(f"  {item}")
+
+
+@main.command()
+def doctor():
+    """What this machine offers: Docker, kernel qdiscs, iptables, cgroups, image, data sets."""
+    from .doctor import diagnose
+
+    ok = True
+    for name, status, detail in diagnose():
+        mark = {"ok": "ok  ", "warn": "warn", "fail": "FAIL", "info": "info"}[status]
+        ok = ok and status != "fail"
+        click.echo(f"[{mark}] {name}: {detail}")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

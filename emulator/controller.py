@@ -1,0 +1,435 @@
+"""One emulated training run, start to finish: plan in, run directory out.
+
+The controller prepares the data shards, asks the backend for the devices, starts the
+collector that receives every trace, then walks the plan's timeline (crashes, pauses,
+CPU and link changes) and the training-aware triggers while it shows progress. It stops at
+``max_updates`` (the server says so) or ``duration`` (it tells the server), waits for the
+evaluator's final accuracy, and always tears everything down, also on Ctrl-C and errors.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from . import datasets
+from .backends import Backend, Endpoints, RunContext
+from .collector import Collector
+from .plan import DevicePlan, EventPlan, LinkPlan, Plan
+from .rundir import RunDirectory
+from .runtime import models
+from .units import format_bytes, format_duration
+
+FINAL_EVAL_TIMEOUT_S = 300.0
+BOOT_TIMEOUT_S = 600.0
+TICK_S = 0.1
+READY_EVENTS = {"listening", "worker_ready", "evaluator_ready"}
+
+
+def cache_dir() -> Path:
+    import os
+
+    return Path(os.environ.get("EDGE_EMULATOR_CACHE", Path.home() / ".cache" / "edge-emulator"))
+
+
+@dataclass
+class LiveState:
+    """What the controller knows from the traces, updated as records arrive."""
+
+    updates: int = 0
+    applied_bytes: int = 0
+    ingress_bytes: int = 0
+    pushes: dict[str, int] = field(default_factory=dict)
+    accuracy: dict | None = None
+    final_accuracy: dict | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    done_reason: str = ""
+    rejections: int = 0
+    late_updates: int = 0
+    errors: list[dict] = field(default_factory=list)
+    ready: set = field(default_factory=set)
+    newly_ready: list = field(default_factory=list)
+    training_started: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, stream: str, records: list[dict]) -> None:
+        with self.lock:
+            if stream == "updates":
+                for r in records:
+                    self.updates = max(self.updates, int(r.get("t", 0)))
+                    self.applied_bytes += int(r.get("bytes", 0))
+                    name = f"worker-{r.get('worker')}"
+                    self.pushes[name] = self.pushes.get(name, 0) + 1
+            elif stream == "traffic":
+                self.ingress_bytes += sum(int(r.get("ingress_bytes", 0)) for r in records)
+            elif stream == "accuracy":
+                for r in records:
+                    self.accuracy = r
+                    if r.get("final"):
+                        self.final_accuracy = r
+            elif stream == "rejections":
+                late = sum(1 for r in records if r.get("reason") == "late")
+                self.late_updates += late
+                self.rejections += len(records) - late
+            elif stream == "events":
+                for r in records:
+                    kind = r.get("kind")
+                    if kind in READY_EVENTS:
+                        self.ready.add(r.get("source"))
+                        self.newly_ready.append(r.get("source"))
+                    elif kind == "training_started":
+                        self.training_started.set()
+                    elif kind == "training_done":
+                        self.done_reason = r.get("reason", "")
+                        self.done.set()
+                    elif kind == "error":
+                        self.errors.append(r)
+
+
+class Emulation:
+    """Run one plan on one backend; :meth:`run` returns the summary written to ``summary.json``."""
+
+    def __init__(self, plan: Plan, backend: Backend, rundir: RunDirectory, *, scenario_text: str = "", resolved: dict | None = None, say: Callable[[str], None] | None = None, progress_every_s: float = 2.0, strict: bool = False):
+        self.plan = plan
+        self.backend = backend
+        self.rundir = rundir
+        self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.progress_every_s = progress_every_s
+        self.strict = strict
+        self.state = LiveState()
+        self.token = secrets.token_bytes(16)
+        self.links: dict[str, LinkPlan] = {d.name: d.link for d in plan.devices}
+        self.cpus: dict[str, float] = {d.name: d.cpus for d in plan.devices}
+        self.incarnation: dict[str, int] = {}
+        self.down: set[str] = set()
+        self.collector: Collector | None = None
+        self.endpoints: Endpoints | None = None
+        self.start_time = 0.0  # the trace clock: ts = seconds since this instant
+        self.training_start = None  # trace-clock time at which training started
+        self.training_end = None  # seconds of training when the server said done
+        self.status = "created"
+        self._fired_triggers: set[int] = set()
+        self._pending: list[EventPlan] = []
+        self._lost_updates = 0
+        rundir.write_text("scenario.yaml", scenario_text)
+        if resolved is not None:
+            rundir.write_json("scenario.resolved.json", resolved)
+        rundir.write_text("plan.json", plan.dumps())
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Seconds on the trace clock (since the controller started the run)."""
+        return time.time() - self.start_time
+
+    def training_time(self) -> float:
+        """Seconds since training started: the clock of the fault timeline and of duration."""
+        return self.now() - self.training_start if self.training_start is not None else 0.0
+
+    def event(self, kind: str, **fields) -> None:
+        record = {"ts": round(self.now(), 4), "source": "controller", "kind": kind, **fields}
+        if self.collector is not None:
+            self.collector.emit("events", [record])
+        else:
+            self.rundir.append("events", [record])
+
+    def _config(self, device: DevicePlan) -> dict:
+        """The JSON document a device program reads at start."""
+        ep = self.endpoints
+        incarnation = self.incarnation.get(device.name, 0)
+        cfg = {
+            "name": device.name, "role": device.role, "token": self.token.hex(), "start_time": self.start_time,
+            "seed": (device.seed + 7919 * incarnation) & 0x7FFFFFFF, "cpus": self.cpus[device.name],
+            "collector": [ep.collector_host, self.collector.address[1]], "ps": list(ep.server_address),
+            "transport": self.backend.transport_link(device, self.links[device.name]),
+            "model": self.plan.model, "classes": self.shards.classes,
+        }
+        if device.role == "server":
+            cfg.update(bind=list(ep.server_bind), layout=self.layout.to_json(), rule=self.plan.method.rule,
+                       learning_rate=self.plan.training["learning_rate"], max_updates=self.plan.training["max_updates"],
+                       seed=self.plan.seed)
+        elif device.role == "worker":
+            cfg.update(worker=device.index, incarnation=incarnation, shard=f"{ep.data_dir}/{Path(self.shards.shards[device.index]).name}",
+                       batch_size=self.plan.training["batch_size"], method=self.plan.method.to_json())
+        else:
+            cfg.update(test_set=f"{ep.data_dir}/{Path(self.shards.test_set).name}", eval_every=self.plan.training["eval_every"])
+        return cfg
+
+    # -- fault actions -------------------------------------------------------------------
+
+    def apply(self, event: EventPlan) -> None:
+        device = self.plan.device(event.target)
+        action = event.action
+        detail: dict = {}
+        if action == "crash":
+            if device.name in self.down:
+                return
+            self.backend.kill(device)
+            self.down.add(device.name)
+        elif action == "restart":
+            self.incarnation[device.name] = self.incarnation.get(device.name, 0) + 1
+            self.backend.start(device, self._config(device))
+            self.backend.set_link(device, self.links[device.name])
+            self.down.discard(device.name)
+            detail["incarnation"] = self.incarnation[device.name]
+        elif action == "pause":
+            self.backend.pause(device)
+        elif action == "resume":
+            self.backend.resume(device)
+        elif action in ("partition", "heal"):
+            cut = action == "partition"
+            if not self.backend.partition(device, cut):
+                self.collector.send(device.name, {"cmd": "shape", "transport": {"blocked": cut}})
+                detail["mechanism"] = "transport"
+        elif action == "cpus":
+            self.cpus[device.name] = float(event.params["cpus"])
+            self.backend.set_cpus(device, self.cpus[device.name])
+        elif action == "link":
+            link = replace(self.links[device.name], **event.params)
+            self.links[device.name] = link
+            self.backend.set_link(device, link)
+            self.collector.send(device.name, {"cmd": "shape", "transport": self.backend.transport_link(device, link)})
+        self.event("fault", action=action, target=device.name, planned_s=event.time_s, origin=event.source, **event.params, **detail)
+
+    def _check_triggers(self) -> None:
+        for i, trigger in enumerate(self.plan.triggers):
+            if i in self._fired_triggers:
+                continue
+            with self.state.lock:
+                pushes = self.state.pushes.get(trigger["worker"], 0)
+            if pushes >= trigger["after_pushes"]:
+                self._fired_triggers.add(i)
+                now = self.training_time()
+                self._pending.append(EventPlan(now, trigger["action"], trigger["worker"], {}, "trigger"))
+                undo = {"crash": ("restart", trigger.get("restart_after_s")), "pause": ("resume", trigger.get("for_s")),
+                        "partition": ("heal", trigger.get("for_s"))}[trigger["action"]]
+                if undo[1] is not None:
+                    self._pending.append(EventPlan(now + undo[1], undo[0], trigger["worker"], {}, "trigger"))
+                self._pending.sort(key=lambda e: e.time_s)
+
+    # -- the run -------------------------------------------------------------------------
+
+    def _start_devices(self) -> None:
+        for device in (self.plan.server, self.plan.evaluator) + self.plan.workers:
+            self.backend.start(device, self._config(device))
+            self.backend.set_link(device, device.link)
+        self.event("devices_started", count=len(self.plan.devices))
+
+    def _throttle_ready(self) -> None:
+        """Devices boot unthrottled; each gets its CPU quota as soon as it reports ready."""
+        with self.state.lock:
+            names, self.state.newly_ready = self.state.newly_ready, []
+        for name in names:
+            try:
+                device = self.plan.device(name)
+            except KeyError:
+                continue
+            if device.name not in self.down:
+                self.backend.set_cpus(device, self.cpus[device.name])
+
+    def _boot(self) -> None:
+        """Wait until every device is ready, then start training (the timeline's time zero)."""
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        names = {d.name for d in self.plan.devices}
+        last_say = 0.0
+        while True:
+            self._throttle_ready()
+            with self.state.lock:
+                missing = sorted(names - self.state.ready)
+            if not missing:
+                break
+            for name in missing:
+                if not self.backend.alive(self.plan.device(name)):
+                    raise RuntimeError(f"{name} exited while starting; see logs/{name}.log")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not ready after {BOOT_TIMEOUT_S:g}s: {', '.join(missing)}")
+            if self.progress_every_s and time.monotonic() - last_say > 5:
+                self.say(f"[boot {format_duration(self.now()):>6}] {len(names) - len(missing)}/{len(names)} devices ready")
+                last_say = time.monotonic()
+            time.sleep(TICK_S)
+        self._sample()
+        self.collector.send("server", {"cmd": "start"})
+        if not self.state.training_started.wait(30):
+            raise RuntimeError("the parameter server did not acknowledge the start")
+        self.training_start = self.now()
+        self.event("training_started", boot_s=round(self.training_start, 3))
+
+    def _progress(self, last: dict) -> None:
+        now = self.training_time()
+        with self.state.lock:
+            updates, ingress = self.state.updates, self.state.ingress_bytes
+            acc = self.state.accuracy
+        rate = (updates - last.get("updates", 0)) / max(1e-6, now - last.get("t", 0))
+        ingress_rate = (ingress - last.get("ingress", 0)) / max(1e-6, now - last.get("t", 0))
+        max_updates = self.plan.training["max_updates"]
+        duration = self.plan.training["duration"]
+        eta = []
+        if max_updates and rate > 0:
+            eta.append((max_updates - updates) / rate)
+        if duration:
+            eta.append(duration - now)
+        alive = len(self.plan.workers) - len(self.down)
+        parts = [f"[{format_duration(now):>7}]", f"updates {updates}" + (f"/{max_updates}" if max_updates else "") + f" ({rate:.1f}/s)"]
+        if acc:
+            parts.append(f"acc {acc['accuracy']:.3f} @ {acc['version']}")
+        parts.append(f"ingress {format_bytes(ingress_rate)}/s (total {format_bytes(ingress)})")
+        parts.append(f"workers {alive}/{len(self.plan.workers)} up")
+        if eta:
+            parts.append(f"ETA {format_duration(max(0.0, min(eta)))}")
+        self.say(" | ".join(parts))
+        last.update(t=now, updates=updates, ingress=ingress)
+
+    def _sample(self) -> None:
+        samples = self.backend.sample()
+        if samples:
+            ts = round(self.now(), 3)
+            net = [s for s in samples if "rx_bytes" in s]
+            stats = [s for s in samples if "rx_bytes" not in s]
+            if stats:
+                self.collector.emit("stats", [{"ts": ts, **s} for s in stats])
+            if net:
+                self.collector.emit("net", [{"ts": ts, **s} for s in net])
+
+    def _loop(self) -> str:
+        timeline = list(self.plan.events)
+        duration = self.plan.training["duration"]
+        last_progress: dict = {"t": 0.0}
+        next_progress = next_sample = 0.0
+        stop_sent = False
+        server = self.plan.server
+        while True:
+            self._throttle_ready()
+            now = self.training_time()
+            while timeline and timeline[0].time_s <= now:
+                self.apply(timeline.pop(0))
+            self._check_triggers()
+            while self._pending and self._pending[0].time_s <= now:
+                self.apply(self._pending.pop(0))
+            if now >= next_sample:
+                self._sample()
+                next_sample = now + 1.0
+            if self.progress_every_s and now >= next_progress:
+                self._progress(last_progress)
+                next_progress = now + self.progress_every_s
+            if self.state.done.is_set():
+                return self.state.done_reason or "done"
+            if duration and now >= duration and not stop_sent:
+                self.collector.send("server", {"cmd": "stop"})
+                stop_sent = True
+            if not self.backend.alive(server):
+                raise RuntimeError("the parameter server exited unexpectedly; see logs/server.log")
+            if not self.backend.alive(self.plan.evaluator) and self.state.final_accuracy is None:
+                raise RuntimeError("the evaluator exited unexpectedly; see logs/evaluator.log")
+            planned_restarts = any(e.action == "restart" for e in timeline + self._pending)
+            if len(self.down) == len(self.plan.workers) and not planned_restarts:
+                self.collector.send("server", {"cmd": "stop"})
+                stop_sent = True
+            time.sleep(TICK_S)
+
+    def _await_final(self) -> None:
+        deadline = time.monotonic() + FINAL_EVAL_TIMEOUT_S
+        while self.state.final_accuracy is None and time.monotonic() < deadline:
+            if not self.backend.alive(self.plan.evaluator):
+                time.sleep(0.5)  # its last traces may still be in flight
+                break
+            time.sleep(TICK_S)
+
+    def run(self) -> dict:
+        """Run to the end; the summary is written even when the run fails or is interrupted."""
+        self.start_time = time.time()
+        error = None
+        previous_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            self.status = "preparing"
+            self.shards = datasets.prepare_shards(
+                self.plan.dataset["name"], len(self.plan.workers), partition_scheme=self.plan.dataset["partition"],
+                seed=self.plan.seed, path=self.plan.dataset.get("path"), classes_per_worker=self.plan.dataset.get("classes_per_worker"),
+                dirichlet_alpha=self.plan.dataset.get("dirichlet_alpha"), train_size=self.plan.dataset.get("train_size"),
+                test_size=self.plan.dataset.get("test_size"), cache_dir=cache_dir() / "data",
+            )
+            self.layout = models.get(self.plan.model).layout(self.shards.input_shape, self.shards.classes)
+            self.rundir.write_json("data.json", self.shards.to_json())
+            ctx = RunContext(self.rundir.run_id, str(self.rundir.path), self.shards.directory, self.start_time)
+            self.endpoints = self.backend.prepare(ctx, self.plan.devices)
+            self.collector = Collector(self.rundir, self.token, self.endpoints.collector_bind).start()
+            self.collector.observe(self.state.observe)
+            self.rundir.write_json("mechanisms.json", {d.name: self.backend.mechanisms(d) for d in self.plan.devices})
+            self.event("run_started", run_id=self.rundir.run_id, backend=self.backend.name, dataset=self.shards.source,
+                       parameters=self.layout.total, workers=len(self.plan.workers))
+            self.say(f"run {self.rundir.run_id}: {len(self.plan.workers)} workers, method {self.plan.method.name}, "
+                     f"{self.shards.dataset} ({self.shards.source}), backend {self.backend.name}")
+            self.status = "booting"
+            self._start_devices()
+            self._boot()
+            self.status = "running"
+            reason = self._loop()
+            self.training_end = self.training_time()
+            self.event("training_done", reason=reason, updates=self.state.updates, training_s=round(self.training_end, 3))
+            self._await_final()
+            self.status = "completed"
+        except KeyboardInterrupt:
+            self.status = "interrupted"
+            self.say("interrupted: tearing down")
+        except Exception as exc:  # noqa: BLE001 - recorded, re-raised after teardown
+            self.status = "failed"
+            error = exc
+        finally:
+            try:
+                self.backend.teardown()
+            finally:
+                if self.collector is not None:
+                    time.sleep(0.3)
+                    self.collector.close()
+                summary = self.summary(error)
+                self.rundir.write_json("summary.json", summary)
+                self.rundir.close()
+                if previous_term is not None:
+                    signal.signal(signal.SIGTERM, previous_term)
+        if error is not None:
+            raise error
+        return summary
+
+    def summary(self, error: Exception | None = None) -> dict:
+        s = self.state
+        final = s.final_accuracy or s.accuracy or {}
+        duration = self.training_end if self.training_end is not None else self.training_time()
+        faults: dict[str, int] = {}
+        from .rundir import read_jsonl
+
+        for record in read_jsonl(self.rundir.path / "events.jsonl"):
+            if record.get("kind") == "fault":
+                faults[record["action"]] = faults.get(record["action"], 0) + 1
+            if record.get("kind") == "disconnected" and record.get("pending"):
+                self._lost_updates += 1
+        return {
+            "run_id": self.rundir.run_id, "name": self.plan.name, "status": self.status,
+            "error": None if error is None else f"{type(error).__name__}: {error}",
+            "backend": self.backend.name, "method": self.plan.method.name, "rule": self.plan.method.rule,
+            "compressor": self.plan.method.compressor, "workers": len(self.plan.workers), "seed": self.plan.seed,
+            "final_accuracy": final.get("accuracy"), "final_loss": final.get("loss"), "final_version": final.get("version"),
+            "final_is_end_of_training": bool(s.final_accuracy),
+            "updates_applied": s.updates, "ingress_payload_bytes": s.ingress_bytes, "applied_update_bytes": s.applied_bytes,
+            "rejected_frames": s.rejections, "late_updates": s.late_updates, "duration_s": round(duration, 3),
+            "boot_s": None if self.training_start is None else round(self.training_start, 3),
+            "training_started_ts": self.training_start,
+            "updates_per_s": round(s.updates / duration, 3) if duration else None,
+            "faults": faults, "lost_updates": self._lost_updates, "done_reason": s.done_reason,
+            "parameters": getattr(getattr(self, "layout", None), "total", None),
+            "dataset": getattr(getattr(self, "shards", None), "source", None),
+            "plan_digest": self.plan.digest(),
+        }
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+__all__ = ["Emulation", "LiveState", "cache_dir"]

@@ -1,0 +1,92 @@
+"""Training methods: which compressor the workers use and which rule the server applies.
+
+The paper's four are presets (``asgd``, ``staleness_asgd``, ``comp_c``, ``adacomp``). Any
+registered compressor is a method too (``method: {name: topk, c: 0.001, rule: staleness}``),
+so every compressor combines with every server rule. Keys other than ``name``, ``rule``,
+``error_feedback`` and ``wire`` are the compressor's parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+import compression
+from compression import COMPRESSORS
+
+from .runtime.rules import RULES
+from .scenario import MethodSpec, Problem, problems_from
+
+
+@dataclass(frozen=True)
+class Preset:
+    compressor: str
+    rule: str
+    description: str
+    fixed: dict = field(default_factory=dict)  # compressor parameters the preset sets itself
+
+
+PRESETS: dict[str, Preset] = {
+    "asgd": Preset("dense", "plain", "asynchronous SGD: dense gradients, alpha (the paper's reference)"),
+    "staleness_asgd": Preset("dense", "staleness", "dense gradients, alpha / max(1, d) (Zhang et al., IJCAI 2016)"),
+    "comp_c": Preset("topk", "plain", "per-tensor top-c, alpha (the paper's Comp-c)"),
+    "adacomp": Preset("topk", "adacomp", "per-tensor top-c, alpha / max(1, sigma) per coordinate (the paper's AdaComp)"),
+}
+
+
+@dataclass(frozen=True)
+class ResolvedMethod:
+    name: str
+    compressor: str
+    params: dict
+    rule: str
+    error_feedback: bool
+    wire: dict
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name, "compressor": self.compressor, "params": dict(sorted(self.params.items())),
+            "rule": self.rule, "error_feedback": self.error_feedback, "wire": dict(self.wire),
+        }
+
+
+def known_methods() -> list[str]:
+    return sorted(set(PRESETS) | set(COMPRESSORS))
+
+
+def resolve(spec: MethodSpec) -> ResolvedMethod:
+    """Preset or compressor name -> compressor, its validated parameters, and the server rule."""
+    preset = PRESETS.get(spec.name)
+    compressor = preset.compressor if preset else spec.name
+    if compressor not in COMPRESSORS:
+        raise ValueError(f"unknown method {spec.name!r}; known: {', '.join(known_methods())}")
+    params_model = COMPRESSORS[compressor].Params
+    params = params_model(**spec.params).model_dump()
+    rule = spec.rule or (preset.rule if preset else "plain")
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}; known: {', '.join(sorted(RULES))}")
+    return ResolvedMethod(spec.name, compressor, params, rule, spec.error_feedback, spec.wire.model_dump())
+
+
+def check_method(spec: MethodSpec) -> list[Problem]:
+    """Every problem with the method section, with paths like ``method.c``."""
+    preset = PRESETS.get(spec.name)
+    compressor = preset.compressor if preset else spec.name
+    if compressor not in COMPRESSORS:
+        return [Problem("method.name", f"unknown method {spec.name!r}; known: {', '.join(known_methods())}")]
+    problems = []
+    if spec.rule is not None and spec.rule not in RULES:
+        problems.append(Problem("method.rule", f"unknown rule {spec.rule!r}; known: {', '.join(sorted(RULES))}"))
+    try:
+        COMPRESSORS[compressor].Params(**spec.params)
+    except ValidationError as exc:
+        for problem in problems_from(exc, ("method",)):
+            if problem.message.startswith("unknown key"):
+                allowed = ", ".join(COMPRESSORS[compressor].Params.model_fields) or "none"
+                problem = Problem(problem.path, f"unknown parameter for {spec.name} (parameters: {allowed}; also name, rule, error_feedback, wire)")
+            problems.append(problem)
+    return problems
+
+
+__all__ = ["PRESETS", "ResolvedMethod", "resolve", "check_method", "known_methods", "compression"]

@@ -1,0 +1,115 @@
+"""The run directory: everything a run leaves behind, written as it happens.
+
+Layout of ``runs/<run-id>/``::
+
+    scenario.yaml            the scenario as given (before --set overrides)
+    scenario.resolved.json   the validated scenario, every default filled in
+    plan.json                the concrete plan (devices, timeline)
+    mechanisms.json          which mechanism realised each link property, per device
+    <stream>.jsonl           append-only traces: events, updates, accuracy, traffic, steps,
+                             server, rejections, net, stats
+    logs/<device>.log        each device's output
+    summary.json             written at the end
+
+Streams are JSON Lines, one record per line, flushed after every batch: a run killed
+halfway keeps every complete line written before the kill, and readers skip a cut-off
+last line (see :func:`read_jsonl`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import threading
+import time
+import warnings
+from pathlib import Path
+
+STREAMS = frozenset({"events", "updates", "accuracy", "traffic", "steps", "server", "rejections", "net", "stats", "fidelity"})
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def new_run_id(name: str) -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{secrets.token_hex(2)}"
+
+
+def write_json_atomic(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class RunDirectory:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "logs").mkdir(exist_ok=True)
+        self._files: dict[str, object] = {}
+        self._lock = threading.Lock()
+        self.counts: dict[str, int] = {}
+
+    @classmethod
+    def create(cls, root: str | Path, name: str, run_id: str | None = None) -> "RunDirectory":
+        run_id = run_id or new_run_id(name)
+        if not _RUN_ID.match(run_id):
+            raise ValueError(f"invalid run id {run_id!r}")
+        path = Path(root) / run_id
+        if path.exists() and any(path.iterdir()):
+            raise FileExistsError(f"run directory {path} already exists")
+        return cls(path)
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    def write_json(self, name: str, data) -> None:
+        write_json_atomic(self.path / name, data)
+
+    def write_text(self, name: str, text: str) -> None:
+        (self.path / name).write_text(text)
+
+    def append(self, stream: str, records: list[dict]) -> None:
+        """Append records to ``<stream>.jsonl`` and flush; unknown streams are refused."""
+        if stream not in STREAMS:
+            raise ValueError(f"unknown trace stream {stream!r}")
+        lines = "".join(json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in records)
+        with self._lock:
+            fh = self._files.get(stream)
+            if fh is None:
+                fh = open(self.path / f"{stream}.jsonl", "a", buffering=1 << 16)
+                self._files[stream] = fh
+            fh.write(lines)
+            fh.flush()
+            self.counts[stream] = self.counts.get(stream, 0) + len(records)
+
+    def log_path(self, device: str) -> Path:
+        return self.path / "logs" / f"{device}.log"
+
+    def close(self) -> None:
+        with self._lock:
+            for fh in self._files.values():
+                fh.close()
+            self._files.clear()
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """All complete records of a stream; a cut-off last line is skipped with a warning."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    with open(path) as fh:
+        lines = fh.read().split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number >= len(lines) - 1:
+                warnings.warn(f"{path}: last line is incomplete (run interrupted?); skipped", stacklevel=2)
+            else:
+                warnings.warn(f"{path}:{number}: not valid JSON; skipped", stacklevel=2)
+    return records

@@ -1,0 +1,69 @@
+"""What every device program does first: read its JSON config, open telemetry, handle SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+from typing import Callable
+
+from .protocol import ProtocolError
+from .telemetry import Telemetry
+
+CONFIG_ENV = "EMU_CONFIG"
+
+
+def load_config(argv: list[str] | None = None) -> dict:
+    """The config from a file named on the command line, else from ``$EMU_CONFIG``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv:
+        with open(argv[0]) as fh:
+            return json.load(fh)
+    raw = os.environ.get(CONFIG_ENV)
+    if not raw:
+        sys.exit(f"no configuration: pass a JSON file or set {CONFIG_ENV}")
+    return json.loads(raw)
+
+
+def start(cfg: dict) -> Telemetry:
+    """Telemetry for this device, and SIGTERM turned into a clean exit (flushes traces)."""
+
+    def _terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _terminate)
+    collector = cfg.get("collector")
+    return Telemetry(tuple(collector) if collector else None, bytes.fromhex(cfg["token"]), cfg["name"], cfg["start_time"])
+
+
+def limit_threads(cpus: float) -> int:
+    """Threads worth using on ``cpus`` cores of quota (at least one); set for BLAS/OpenMP too."""
+    threads = max(1, int(cpus + 0.999))
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"):
+        os.environ.setdefault(var, str(threads))
+    os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return threads
+
+
+def run_device(run: Callable[[dict, Telemetry], int]) -> int:
+    """Run a device program to its exit status; a network failure is an event, not a traceback."""
+    cfg = load_config()
+    tel = start(cfg)
+    code = 1
+    try:
+        code = run(cfg, tel)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except (ConnectionError, OSError, ProtocolError) as exc:
+        tel.event("error", reason=type(exc).__name__, detail=str(exc))
+        code = 2
+    except Exception as exc:
+        tel.event("error", reason=type(exc).__name__, detail=str(exc)[:500])
+        traceback.print_exc()
+        code = 1
+    finally:
+        tel.close()
+    return code

@@ -1,0 +1,69 @@
+"""The evaluator: test accuracy and loss of model snapshots, on its own CPU budget.
+
+It long-polls the server for the model (every ``seconds`` of wall time, or every ``updates``
+applied), evaluates the whole test set, and reports ``(version, time, accuracy, loss)``.
+When the server says training is done it evaluates that final model, marks it final, exits.
+
+Run as ``python -m emulator.runtime.evaluator`` with the config in ``$EMU_CONFIG``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from . import protocol
+from .bootstrap import limit_threads, run_device
+from .data import load_shard
+from .protocol import Flag, MsgType
+from .transport import Channel, connect
+
+NEVER = 2**62
+
+
+def run(cfg: dict, tel) -> int:
+    from .models import TFModel, get
+
+    threads = limit_threads(cfg.get("cpus", 1.0))
+    x, y = load_shard(cfg["test_set"])
+    model = TFModel(get(cfg["model"]), x.shape[1:], cfg["classes"], threads)
+    every = cfg["eval_every"]
+    sock = connect(tuple(cfg["ps"]), timeout_s=cfg.get("connect_timeout_s", 120), what="parameter server")
+    channel = Channel(sock, bytes.fromhex(cfg["token"]), None, model.layout.total * 4 + 4096)
+    channel.send(MsgType.HELLO, protocol.json_body({"role": "evaluator"}))
+    channel.recv()
+    model.warm_up(np.zeros(model.layout.total, np.float32), x, y, evaluate_batch=min(len(x), 1000))
+    tel.event("evaluator_ready", test_size=len(x))
+
+    target, next_tick = 0, time.monotonic()
+    while True:
+        if "updates" in every:
+            wait_ms = 600_000
+            channel.send(MsgType.PULL, int(wait_ms).to_bytes(4, "little"), t0=target)
+        else:
+            wait_ms = max(0, int((next_tick - time.monotonic()) * 1000))
+            channel.send(MsgType.PULL, wait_ms.to_bytes(4, "little"), t0=NEVER if wait_ms else 0)
+        header, body = channel.recv(keep_buffer=True)
+        pulled_at = tel.now()
+        params = np.frombuffer(body, dtype="<f4")
+        start_eval = time.perf_counter()
+        accuracy, loss = model.evaluate(params, x, y)
+        final = bool(header.flags & Flag.DONE)
+        tel.record(
+            "accuracy", version=header.t0, model_ts=round(pulled_at, 4), accuracy=accuracy, loss=loss,
+            final=final, eval_s=round(time.perf_counter() - start_eval, 3), test_size=len(x),
+        )
+        if final:
+            break
+        if "updates" in every:
+            target = (header.t0 // every["updates"] + 1) * every["updates"]
+        else:
+            next_tick = max(next_tick + every["seconds"], time.monotonic())
+    channel.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_device(run))

@@ -1,0 +1,228 @@
+"""The parameter server: holds the model, applies pushed updates by the method's rule, serves pulls.
+
+One thread per connection; one lock around the model so an update and a snapshot never
+interleave. Every applied update is a trace row (worker, t0, staleness, bytes, entries);
+every refused frame is counted by reason and never touches the model. Training ends at
+``max_updates`` or on the controller's ``stop``: from then on every reply carries DONE.
+
+Run as ``python -m emulator.runtime.paramserver`` with the config in ``$EMU_CONFIG``.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import sys
+import threading
+import time
+
+import numpy as np
+
+import compression
+from compression.layout import Layout
+
+from . import protocol, rules
+from .bootstrap import load_config, start
+from .models import initial_parameters
+from .protocol import Flag, MsgType, ProtocolError
+from .telemetry import Telemetry
+from .transport import Channel, TransportShaper
+
+MAX_WAIT_MS = 600_000
+
+
+class ParameterServer:
+    def __init__(self, cfg: dict, telemetry: Telemetry):
+        self.cfg = cfg
+        self.tel = telemetry
+        self.token = bytes.fromhex(cfg["token"])
+        self.layout = Layout.from_json(cfg["layout"])
+        self.params = initial_parameters(self.layout, cfg["seed"])
+        self.rule = rules.build(cfg["rule"], self.layout, cfg["learning_rate"])
+        self.max_updates = cfg.get("max_updates")
+        self.max_body = self.layout.total * 4 + 64 * len(self.layout) + 1024
+        self.shaper = TransportShaper.from_config(cfg.get("transport"))
+        self.version = 0
+        self.training = threading.Event()  # set by the controller's "start" once every device is up
+        self.done = False
+        self.cond = threading.Condition()
+        self._snapshot: tuple[int, bytes] | None = None
+        self._traffic: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
+        self.rejections: collections.Counter = collections.Counter()
+        self.started = time.monotonic()
+        self.tel.on_control(self.control)
+
+    # -- model access (all under self.cond) -----------------------------------------------
+
+    def _model_bytes(self) -> tuple[int, bytes]:
+        if self._snapshot is None or self._snapshot[0] != self.version:
+            self._snapshot = (self.version, self.params.tobytes())
+        return self._snapshot
+
+    def finish(self, why: str) -> None:
+        self.training.set()  # release anyone still waiting for the start
+        with self.cond:
+            if not self.done:
+                self.done = True
+                self.tel.event("training_done", reason=why, updates=self.version)
+            self.cond.notify_all()
+
+    def control(self, command: dict) -> None:
+        cmd = command.get("cmd")
+        if cmd == "start":
+            if not self.training.is_set():
+                self.training.set()
+                self.tel.event("training_started", version=self.version)
+        elif cmd == "stop":
+            self.finish("stopped by controller")
+        elif cmd == "shape":
+            self.shaper.update(command.get("transport", {}))
+
+    def reject(self, reason: str, worker: int, detail: str = "") -> None:
+        self.rejections[reason] += 1
+        self.tel.record("rejections", reason=reason, worker=worker, detail=detail[:200])
+
+    # -- request handling -----------------------------------------------------------------
+
+    def push(self, worker: int, t0: int, body: memoryview, frame_bytes: int) -> str | None:
+        """Decode and apply one update; returns a rejection reason or None."""
+        start = time.perf_counter()
+        try:
+            parts = compression.decode(body, self.layout)
+        except compression.CodecError as exc:
+            self.reject(exc.reason, worker, str(exc))
+            return exc.reason
+        decoded = time.perf_counter()
+        with self.cond:
+            traffic = self._traffic[worker]
+            traffic[0] += frame_bytes
+            traffic[1] += 1
+            if self.done:
+                self.reject("late", worker, "update arrived after training ended")
+                return None
+            staleness = self.version - t0
+            if staleness < 0:
+                self.reject("future_version", worker, f"t0={t0} > t={self.version}")
+                return "future_version"
+            try:
+                applied = self.rule.apply(self.params, parts, worker, staleness)
+            except rules.RuleError as exc:
+                self.reject(exc.reason, worker, str(exc))
+                return exc.reason
+            self.version += 1
+            version = self.version
+            if self.max_updates and version >= self.max_updates:
+                self.finish("max_updates reached")
+            self.cond.notify_all()
+        done = time.perf_counter()
+        self.tel.record(
+            "updates", t=version, worker=worker, t0=t0, staleness=staleness, bytes=frame_bytes,
+            entries=applied.entries, scale=round(applied.mean_scale, 6),
+            decode_us=int((decoded - start) * 1e6), apply_us=int((done - decoded) * 1e6),
+        )
+        return None
+
+    def pull(self, worker: int, min_version: int = 0, max_wait_s: float = 0.0) -> tuple[int, bytes, bool]:
+        self.training.wait()
+        with self.cond:
+            if min_version > self.version and not self.done and max_wait_s > 0:
+                self.cond.wait_for(lambda: self.done or self.version >= min_version, timeout=max_wait_s)
+            version, data = self._model_bytes()
+            if worker != protocol.NO_WORKER:
+                self.rule.on_pull(worker)
+            return version, data, self.done
+
+    def send_model(self, channel: Channel, worker: int, **pull_args) -> None:
+        version, data, done = self.pull(worker, **pull_args)
+        sent = channel.send(MsgType.MODEL, data, t0=version, flags=Flag.DONE if done else 0)
+        with self.cond:
+            self._traffic[worker][2] += sent
+
+    def serve_connection(self, sock: socket.socket, peer) -> None:
+        channel = Channel(sock, self.token, self.shaper, self.max_body)
+        worker = protocol.NO_WORKER
+        awaiting_push = False  # a worker that dies now loses the step it was computing
+        try:
+            header, body = channel.recv()
+            if header.type != MsgType.HELLO:
+                raise ProtocolError("no_hello", f"first frame was {header.type.name}")
+            hello = protocol.parse_json(body, "hello")
+            role = hello.get("role")
+            if role == "worker":
+                worker = int(hello["worker"])
+            channel.worker = worker
+            self.tel.event("connected", role=role, worker=worker, incarnation=hello.get("incarnation"), peer=f"{peer[0]}:{peer[1]}")
+            channel.send(MsgType.WELCOME, protocol.json_body({"version": self.version, "layout": self.layout.to_json()}))
+            while True:
+                header, body = channel.recv(keep_buffer=True)
+                if header.type == MsgType.PUSH:
+                    if worker == protocol.NO_WORKER:
+                        raise ProtocolError("push_from_non_worker")
+                    awaiting_push = False
+                    reason = self.push(worker, header.t0, body, protocol.HEADER.size + header.length)
+                    if reason:
+                        channel.send(MsgType.REJECT, protocol.json_body({"reason": reason}))
+                        continue
+                    self.send_model(channel, worker)
+                    awaiting_push = True
+                elif header.type == MsgType.PULL:
+                    wait_ms = int.from_bytes(body[:4], "little") if len(body) >= 4 else 0
+                    self.send_model(channel, worker, min_version=header.t0, max_wait_s=min(wait_ms, MAX_WAIT_MS) / 1000)
+                    awaiting_push = worker != protocol.NO_WORKER
+                else:
+                    raise ProtocolError("unexpected", f"{header.type.name} from a device")
+        except protocol.PeerClosed:
+            pass
+        except ProtocolError as exc:
+            self.reject(exc.reason, worker, str(exc))
+            try:
+                channel.send(MsgType.REJECT, protocol.json_body({"reason": exc.reason}))
+            except OSError:
+                pass
+        except OSError as exc:
+            self.tel.event("connection_error", worker=worker, error=str(exc))
+        finally:
+            channel.close()
+            if worker != protocol.NO_WORKER:
+                with self.cond:
+                    self.rule.forget(worker)
+                self.tel.event("disconnected", worker=worker, pending=awaiting_push and not self.done)
+
+    # -- main loops -----------------------------------------------------------------------
+
+    def report_traffic(self) -> None:
+        """Per-second, per-worker bytes in and out, and the server's own counters."""
+        while True:
+            time.sleep(1.0)
+            with self.cond:
+                traffic, self._traffic = self._traffic, collections.defaultdict(lambda: [0, 0, 0])
+                version, done = self.version, self.done
+            for worker, (ingress, pushes, egress) in sorted(traffic.items()):
+                self.tel.record("traffic", worker=worker, ingress_bytes=ingress, pushes=pushes, egress_bytes=egress)
+            self.tel.record("server", version=version, done=done, rejections=dict(self.rejections))
+
+    def serve(self) -> None:
+        host, port = self.cfg["bind"]
+        listener = socket.create_server((host, port), backlog=1024, reuse_port=False)
+        self.tel.event("listening", host=host, port=port, parameters=int(self.layout.total), rule=self.rule.name)
+        threading.Thread(target=self.report_traffic, daemon=True, name="traffic").start()
+        while True:
+            sock, peer = listener.accept()
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self.serve_connection, args=(sock, peer), daemon=True).start()
+
+
+def main() -> None:
+    cfg = load_config()
+    tel = start(cfg)
+    try:
+        ParameterServer(cfg, tel).serve()
+    except SystemExit:
+        pass
+    finally:
+        tel.event("exit", role="server")
+        tel.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Binary, length-prefixed frames spoken between devices, and between devices and the controller.
+
+Header (38 bytes, little-endian)::
+
+    2s  magic b"EE"        B  protocol version     B  message type     H  flags
+    I   worker id          16s run token           Q  model version t0 I  body length
+
+No pickle anywhere: bodies are raw little-endian arrays, codec messages or short UTF-8 JSON.
+A frame whose declared body exceeds the receiver's limit is refused before any allocation.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+import json
+import socket
+import struct
+from dataclasses import dataclass
+
+MAGIC = b"EE"
+VERSION = 1
+HEADER = struct.Struct("<2sBBHI16sQI")
+TOKEN_BYTES = 16
+NO_WORKER = 0xFFFFFFFF
+
+
+class MsgType(enum.IntEnum):
+    HELLO = 1  # device -> server: JSON {role, worker, incarnation}
+    WELCOME = 2  # server -> device: JSON {version, layout}
+    PULL = 3  # device -> server: t0 = wait until the model reaches this version; body u32 max wait ms
+    MODEL = 4  # server -> device: t0 = version; body = float32 parameters
+    PUSH = 5  # worker -> server: t0 = version the gradient was computed on; body = codec message
+    REJECT = 6  # server -> device: JSON {reason}
+    TRACE = 16  # device -> controller: JSON {stream, records}
+    CONTROL = 17  # controller -> device: JSON command
+
+
+class Flag(enum.IntFlag):
+    NONE = 0
+    DONE = 0x1  # server: training is over; the device should finish and exit
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a valid frame; ``reason`` labels it in traces."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+class PeerClosed(ProtocolError):
+    def __init__(self, detail: str = "connection closed"):
+        super().__init__("closed", detail)
+
+
+@dataclass(frozen=True)
+class Header:
+    type: MsgType
+    flags: int
+    worker: int
+    token: bytes
+    t0: int
+    length: int
+
+
+def pack_header(type_: MsgType, token: bytes, length: int, *, worker: int = NO_WORKER, t0: int = 0, flags: int = 0) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, int(type_), flags, worker, token, t0, length)
+
+
+def parse_header(raw: bytes | memoryview, token: bytes | None, max_body: int) -> Header:
+    magic, version, type_, flags, worker, tok, t0, length = HEADER.unpack(raw)
+    if magic != MAGIC:
+        raise ProtocolError("bad_magic", repr(bytes(magic)))
+    if version != VERSION:
+        raise ProtocolError("bad_version", f"protocol version {version}, expected {VERSION}")
+    try:
+        kind = MsgType(type_)
+    except ValueError:
+        raise ProtocolError("bad_type", f"unknown message type {type_}") from None
+    if token is not None and not hmac.compare_digest(tok, token):
+        raise ProtocolError("bad_token", "run token does not match")
+    if length > max_body:
+        raise ProtocolError("oversize", f"body of {length} bytes exceeds the limit of {max_body}")
+    return Header(kind, flags, worker, tok, t0, length)
+
+
+def recv_exact(sock: socket.socket, size: int, into: bytearray | None = None) -> memoryview:
+    """Read exactly ``size`` bytes (into ``into`` when given, to avoid a fresh allocation)."""
+    buf = into if into is not None and len(into) >= size else bytearray(size)
+    view = memoryview(buf)[:size]
+    got = 0
+    while got < size:
+        n = sock.recv_into(view[got:], size - got)
+        if n == 0:
+            raise PeerClosed(f"closed after {got} of {size} bytes")
+        got += n
+    return view
+
+
+def recv_frame(sock: socket.socket, token: bytes | None, max_body: int, buffer: bytearray | None = None) -> tuple[Header, memoryview]:
+    """One whole frame: header checked (token, size limit) before the body is read."""
+    header = parse_header(recv_exact(sock, HEADER.size), token, max_body)
+    body = recv_exact(sock, header.length, buffer) if header.length else memoryview(b"")
+    return header, body
+
+
+def send_frame(sock: socket.socket, type_: MsgType, token: bytes, body: bytes | memoryview = b"", **fields) -> int:
+    """Send one frame; returns the bytes written (header + body)."""
+    head = pack_header(type_, token, len(body), **fields)
+    if len(body) < 65536:
+        sock.sendall(head + bytes(body))
+    else:
+        sock.sendall(head)
+        sock.sendall(body)
+    return HEADER.size + len(body)
+
+
+def json_body(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def parse_json(body: memoryview, what: str) -> dict:
+    try:
+        data = json.loads(bytes(body).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError("bad_json", f"{what}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("bad_json", f"{what}: expected an object")
+    return data

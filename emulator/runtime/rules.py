@@ -1,0 +1,140 @@
+"""How the parameter server applies one decoded update, by rule name.
+
+``plain``      theta -= alpha * g                                   (ASGD, Comp-c)
+``staleness``  theta -= alpha / max(1, d) * g                       (Zhang et al., IJCAI 2016)
+``adacomp``    theta_i -= alpha / max(1, sigma_i) * g_i             (Hardy et al., NCA 2017)
+
+``d = t - t0`` is the number of updates applied since the worker took the model; ``sigma_i``
+is how many of those ``d`` updates touched coordinate ``i``. AdaComp keeps a touch counter
+per coordinate and, at each pull, a copy of it for that worker, so
+``sigma_i = touches_now[i] - touches_at_pull[i]``: O(k) per update whatever ``d`` or the
+length of the run (the copy at a pull costs the same order as shipping the model).
+Counters are uint32; their difference is exact modulo 2**32.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from compression.layout import Layout
+from compression.parts import Part
+
+
+class RuleError(ValueError):
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+@dataclass
+class Applied:
+    entries: int  # coordinates updated
+    mean_scale: float  # mean of the per-coordinate learning-rate divisor's inverse (1 = full step)
+
+
+class UpdateRule(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, layout: Layout, learning_rate: float):
+        self.layout = layout
+        self.learning_rate = float(learning_rate)
+
+    def on_pull(self, worker: int) -> None:
+        """A worker has just taken the current model (called under the server's lock)."""
+
+    def forget(self, worker: int) -> None:
+        """A worker is gone; drop what was kept for it."""
+
+    @abstractmethod
+    def apply(self, params: np.ndarray, parts: list[Part], worker: int, staleness: int) -> Applied:
+        """Update ``params`` in place (called under the server's lock)."""
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Arrays to checkpoint beside the parameters."""
+        return {}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        pass
+
+    def _coordinates(self, parts: list[Part]):
+        for part, offset, size in zip(parts, self.layout.offsets, self.layout.sizes):
+            indices, values = part.coordinates(size)
+            target = slice(offset, offset + size) if indices is None else indices + offset
+            yield target, values
+
+
+class Plain(UpdateRule):
+    name = "plain"
+
+    def scale(self, staleness: int) -> float:
+        return self.learning_rate
+
+    def apply(self, params, parts, worker, staleness):
+        rate = self.scale(staleness)
+        entries = 0
+        for target, values in self._coordinates(parts):
+            params[target] -= rate * values
+            entries += values.size
+        return Applied(entries, rate / self.learning_rate)
+
+
+class Staleness(Plain):
+    name = "staleness"
+
+    def scale(self, staleness):
+        return self.learning_rate / max(1, staleness)
+
+
+class AdaComp(UpdateRule):
+    name = "adacomp"
+
+    def __init__(self, layout, learning_rate):
+        super().__init__(layout, learning_rate)
+        self.touches = np.zeros(layout.total, np.uint32)
+        self.at_pull: dict[int, np.ndarray] = {}
+
+    def on_pull(self, worker):
+        snapshot = self.at_pull.get(worker)
+        if snapshot is None:
+            self.at_pull[worker] = self.touches.copy()
+        else:
+            np.copyto(snapshot, self.touches)
+
+    def forget(self, worker):
+        self.at_pull.pop(worker, None)
+
+    def apply(self, params, parts, worker, staleness):
+        snapshot = self.at_pull.get(worker)
+        if snapshot is None:
+            raise RuleError("no_pull", f"worker {worker} pushed without having pulled the model")
+        entries, inverse_sum = 0, 0.0
+        for target, values in self._coordinates(parts):
+            sigma = self.touches[target] - snapshot[target]
+            divisor = np.maximum(sigma, 1).astype(np.float32)
+            params[target] -= self.learning_rate * values / divisor
+            self.touches[target] += np.uint32(1)
+            entries += values.size
+            inverse_sum += float(np.sum(1.0 / divisor))
+        return Applied(entries, inverse_sum / max(1, entries))
+
+    def state(self):
+        return {"touches": self.touches}
+
+    def load_state(self, state):
+        if "touches" in state:
+            self.touches = np.asarray(state["touches"], np.uint32).copy()
+        self.at_pull.clear()
+
+
+RULES: dict[str, type[UpdateRule]] = {cls.name: cls for cls in (Plain, Staleness, AdaComp)}
+
+
+def build(name: str, layout: Layout, learning_rate: float) -> UpdateRule:
+    try:
+        return RULES[name](layout, learning_rate)
+    except KeyError:
+        raise ValueError(f"unknown update rule {name!r}; known: {', '.join(sorted(RULES))}") from None

@@ -1,0 +1,120 @@
+"""A worker device: pull the model, compute a gradient on its own shard, compress it, push it.
+
+The push is answered with the new model, so a step costs one round trip. Per-second step
+statistics (compute, compression, waiting on the network) go to the controller as traces.
+
+Run as ``python -m emulator.runtime.worker`` with the config in ``$EMU_CONFIG``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+import compression
+from compression.layout import Layout
+
+from . import protocol
+from .bootstrap import limit_threads, run_device
+from .data import BatchSampler, load_shard
+from .protocol import Flag, MsgType
+from .transport import Channel, TransportShaper, connect
+
+
+def build_compressor(method: dict, layout: Layout, seed: int):
+    wire = compression.WireFormat(**method.get("wire", {}))
+    compressor = compression.build(method["compressor"], method.get("params", {}), layout, seed)
+    if method.get("error_feedback"):
+        compressor = compression.ErrorFeedback(compressor, wire)
+    return compressor, wire
+
+
+class StepStats:
+    """Sums over one reporting interval."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.steps = 0
+        self.compute_s = self.compress_s = self.network_s = self.loss = 0.0
+        self.bytes = 0
+        self.rejected = 0
+
+    def as_record(self) -> dict:
+        n = max(1, self.steps)
+        return {
+            "steps": self.steps, "rejected": self.rejected, "push_bytes": self.bytes,
+            "compute_ms": round(1000 * self.compute_s / n, 3), "compress_ms": round(1000 * self.compress_s / n, 3),
+            "network_ms": round(1000 * self.network_s / n, 3), "loss": round(self.loss / n, 5),
+        }
+
+
+def run(cfg: dict, tel) -> int:
+    from .models import TFModel, get
+
+    index = int(cfg["worker"])
+    threads = limit_threads(cfg.get("cpus", 1.0))
+    x, y = load_shard(cfg["shard"])
+    model = TFModel(get(cfg["model"]), x.shape[1:], cfg["classes"], threads)
+    layout = model.layout
+    seed = int(cfg["seed"])
+    compressor, wire = build_compressor(cfg["method"], layout, seed)
+    sampler = BatchSampler(x, y, cfg["batch_size"], seed)
+    shaper = TransportShaper.from_config(cfg.get("transport"), seed)
+    tel.on_control(lambda c: shaper.update(c.get("transport", {})) if c.get("cmd") == "shape" else None)
+    splits = np.array(layout.offsets[1:])
+
+    sock = connect(tuple(cfg["ps"]), timeout_s=cfg.get("connect_timeout_s", 120), what="parameter server")
+    channel = Channel(sock, bytes.fromhex(cfg["token"]), shaper, layout.total * 4 + 4096, worker=index)
+    channel.send(MsgType.HELLO, protocol.json_body({"role": "worker", "worker": index, "incarnation": cfg.get("incarnation", 0)}))
+    header, body = channel.recv()
+    welcome = protocol.parse_json(body, "welcome")
+    if Layout.from_json(welcome["layout"]) != layout:
+        tel.event("error", reason="layout_mismatch")
+        return 3
+    model.warm_up(np.zeros(layout.total, np.float32), *sampler.next())
+    tel.event("worker_ready", worker=index, incarnation=cfg.get("incarnation", 0), shard_size=len(x))
+    channel.send(MsgType.PULL)  # the server answers once training has started
+    header, body = channel.recv(keep_buffer=True)
+
+    stats, last_report = StepStats(), time.monotonic()
+    while not header.flags & Flag.DONE:
+        if header.type == MsgType.REJECT:
+            stats.rejected += 1
+            tel.event("push_rejected", worker=index, reason=protocol.parse_json(body, "reject").get("reason"))
+            channel.send(MsgType.PULL)
+            header, body = channel.recv(keep_buffer=True)
+            continue
+        version = header.t0
+        params = np.frombuffer(body, dtype="<f4")
+        t_start = time.perf_counter()
+        xb, yb = sampler.next()
+        loss, grad = model.gradient(params, xb, yb)
+        t_grad = time.perf_counter()
+        parts = compressor.compress(np.split(grad, splits))
+        message = compression.encode(parts, layout, wire)
+        t_comp = time.perf_counter()
+        stats.bytes += channel.send(MsgType.PUSH, message, t0=version)
+        header, body = channel.recv(keep_buffer=True)
+        t_net = time.perf_counter()
+        stats.steps += 1
+        stats.loss += loss
+        stats.compute_s += t_grad - t_start
+        stats.compress_s += t_comp - t_grad
+        stats.network_s += t_net - t_comp
+        if t_net - last_report >= 1.0:
+            tel.record("steps", worker=index, **stats.as_record())
+            stats.reset()
+            last_report = t_net
+    if stats.steps:
+        tel.record("steps", worker=index, **stats.as_record())
+    tel.event("worker_finished", worker=index)
+    channel.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_device(run))

@@ -1,0 +1,756 @@
+"""The scenario file: YAML validated into typed, immutable models, with errors that name the field.
+
+A scenario says what to emulate (devices, links, faults) and how to train (model, data,
+method). Quantities carry units as people write them (``2mbit``, ``30ms``, ``0.1%``);
+per-device values can be distributions. Unknown keys are errors everywhere. The
+:mod:`emulator.plan` module turns a scenario into a concrete, seeded plan.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Callable, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
+
+from . import units
+
+MAX_FILE_BYTES = 1 << 20
+MAX_EXPANDED_VALUES = 100_000
+MAX_WORKERS = 10_000
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class ScenarioError(ValueError):
+    """One or more problems in a scenario, each with the path of the field it concerns."""
+
+    def __init__(self, problems: list[Problem], source: str = ""):
+        self.problems = problems
+        self.source = source
+        head = f"{source}: " if source else ""
+        super().__init__(head + "; ".join(str(p) for p in problems))
+
+    def render(self) -> str:
+        where = f" in {self.source}" if self.source else ""
+        lines = [f"invalid scenario{where}:"] + [f"  {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+def format_path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+# -- distributions -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fixed:
+    value: float
+
+    def sample(self, rng, count: int) -> list[float]:
+        return [self.value] * count
+
+
+@dataclass(frozen=True)
+class Uniform:
+    low: float
+    high: float
+
+    def sample(self, rng, count):
+        return [float(v) for v in rng.uniform(self.low, self.high, count)]
+
+
+@dataclass(frozen=True)
+class Normal:
+    mean: float
+    std: float
+    low: float | None = None
+    high: float | None = None
+
+    def sample(self, rng, count):
+        values = rng.normal(self.mean, self.std, count)
+        if self.low is not None or self.high is not None:
+            values = values.clip(self.low, self.high)
+        return [float(v) for v in values]
+
+
+@dataclass(frozen=True)
+class Choice:
+    values: tuple[float, ...]
+    weights: tuple[float, ...] | None = None
+
+    def sample(self, rng, count):
+        p = None
+        if self.weights:
+            total = sum(self.weights)
+            p = [w / total for w in self.weights]
+        picks = rng.choice(len(self.values), size=count, p=p)
+        return [self.values[int(i)] for i in picks]
+
+
+@dataclass(frozen=True)
+class PerDevice:
+    values: tuple[float, ...]
+
+    def sample(self, rng, count):
+        return list(self.values)
+
+
+Distribution = Union[Fixed, Uniform, Normal, Choice, PerDevice]
+
+_DIST_SCHEMA = {
+    "anyOf": [
+        {"type": ["number", "string"], "description": "one value for every device"},
+        {"type": "array", "description": "one value per device of the group"},
+        {"type": "object", "properties": {"uniform": {"type": "array", "minItems": 2, "maxItems": 2}}, "required": ["uniform"]},
+        {"type": "object", "properties": {"normal": {}, "clip": {"type": "array"}}, "required": ["normal"]},
+        {"type": "object", "properties": {"choice": {"type": "array"}, "weights": {"type": "array"}}, "required": ["choice"]},
+    ]
+}
+
+
+def _bounded(parse: Callable[[Any], float], *, gt: float | None = None, ge: float | None = None) -> Callable[[Any], float]:
+    def check(raw):
+        value = parse(raw)
+        if gt is not None and not value > gt:
+            raise ValueError(f"must be > {gt:g}, got {raw!r}")
+        if ge is not None and not value >= ge:
+            raise ValueError(f"must be >= {ge:g}, got {raw!r}")
+        return value
+
+    return check
+
+
+def _parse_distribution(parse: Callable[[Any], float], unit: Callable[[Any], float]) -> Callable[[Any], Distribution]:
+    """``parse`` reads one value with the field's bounds; ``unit`` reads a spread (std) in the same unit."""
+
+    def convert(raw):
+        if isinstance(raw, (Fixed, Uniform, Normal, Choice, PerDevice)):
+            return raw
+        if isinstance(raw, list):
+            if not raw:
+                raise ValueError("a per-device list needs at least one value")
+            return PerDevice(tuple(parse(v) for v in raw))
+        if not isinstance(raw, dict):
+            return Fixed(parse(raw))
+        keys = set(raw)
+        if "uniform" in keys:
+            _only(keys, {"uniform"})
+            low, high = (parse(v) for v in _pair(raw["uniform"], "uniform"))
+            if low > high:
+                raise ValueError(f"uniform: low {low:g} is above high {high:g}")
+            return Uniform(low, high)
+        if "normal" in keys:
+            _only(keys, {"normal", "clip"})
+            spec = raw["normal"]
+            if isinstance(spec, dict):
+                _only(set(spec), {"mean", "std"})
+                spec = [spec.get("mean"), spec.get("std")]
+            mean, std = _pair(spec, "normal")
+            mean, std = parse(mean), unit(std)
+            if std < 0:
+                raise ValueError("normal: std must be >= 0")
+            low = high = None
+            if "clip" in raw:
+                low, high = (parse(v) for v in _pair(raw["clip"], "clip"))
+            return Normal(mean, std, low, high)
+        if "choice" in keys:
+            _only(keys, {"choice", "weights"})
+            values = raw["choice"]
+            if not isinstance(values, list) or not values:
+                raise ValueError("choice: needs a non-empty list of values")
+            weights = raw.get("weights")
+            if weights is not None:
+                if not isinstance(weights, list) or len(weights) != len(values):
+                    raise ValueError("choice: weights must be a list as long as the values")
+                if any(not isinstance(w, (int, float)) or w < 0 for w in weights) or sum(weights) <= 0:
+                    raise ValueError("choice: weights must be non-negative numbers with a positive sum")
+                weights = tuple(float(w) for w in weights)
+            return Choice(tuple(parse(v) for v in values), weights)
+        raise ValueError(f"expected a value, a list, or one of uniform/normal/choice, got keys {sorted(keys)}")
+
+    return convert
+
+
+def _only(keys: set, allowed: set) -> None:
+    extra = keys - allowed
+    if extra:
+        raise ValueError(f"unexpected key(s) {sorted(extra)}; allowed here: {sorted(allowed)}")
+
+
+def _pair(value, what: str):
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise ValueError(f"{what}: expected two values [a, b], got {value!r}")
+    return value
+
+
+def distribution(parse: Callable[[Any], float], unit: Callable[[Any], float], description: str):
+    return Annotated[
+        Distribution,
+        BeforeValidator(_parse_distribution(parse, unit)),
+        WithJsonSchema({**_DIST_SCHEMA, "description": description}),
+    ]
+
+
+def quantity(parse: Callable[[Any], float], description: str, json_type=("number", "string")):
+    return Annotated[float, BeforeValidator(parse), WithJsonSchema({"type": list(json_type), "description": description})]
+
+
+def _number(raw) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise ValueError(f"must be a number, got {raw!r}")
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"must be a number, got {raw!r}") from None
+
+
+# Bounds every sampled value must meet; the planner checks draws against them too.
+BOUNDS: dict[str, Callable[[Any], float]] = {
+    "cpus": _bounded(_number, gt=0),
+    "uplink": _bounded(units.parse_rate, gt=0),
+    "downlink": _bounded(units.parse_rate, gt=0),
+    "delay": _bounded(units.parse_duration, ge=0),
+    "jitter": _bounded(units.parse_duration, ge=0),
+    "loss": units.parse_fraction,
+}
+Cpus = distribution(BOUNDS["cpus"], _number, "CPU cores of quota per device, e.g. 0.25")
+RateDist = distribution(BOUNDS["uplink"], units.parse_rate, "link rate, e.g. 2mbit (bits/s) or 125kbps (bytes/s)")
+DelayDist = distribution(BOUNDS["delay"], units.parse_duration, "one-way delay, e.g. 30ms")
+LossDist = distribution(BOUNDS["loss"], units.parse_fraction, "packet loss, e.g. 0.1% or 0.001")
+Rate = quantity(_bounded(units.parse_rate, gt=0), "link rate, e.g. 100mbit")
+Duration = quantity(_bounded(units.parse_duration, ge=0), "duration, e.g. 30s, 250ms, 2min")
+PositiveDuration = quantity(_bounded(units.parse_duration, gt=0), "duration, e.g. 30s, 2min")
+Size = Annotated[int, BeforeValidator(units.parse_size), WithJsonSchema({"type": ["integer", "string"], "description": "bytes, e.g. 512m, 2g"})]
+Fraction = quantity(units.parse_fraction, "fraction, e.g. 0.1% or 0.001")
+
+
+def _targets(raw):
+    if isinstance(raw, bool):
+        raise ValueError(f"expected worker indices, 'all' or a group name, got {raw!r}")
+    if isinstance(raw, int):
+        return (raw,)
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list) and raw and all(isinstance(v, int) and not isinstance(v, bool) for v in raw):
+        return tuple(raw)
+    raise ValueError(f"expected a worker index, a list of indices, 'all' or a group name, got {raw!r}")
+
+
+Targets = Annotated[
+    Union[str, tuple[int, ...]],
+    BeforeValidator(_targets),
+    WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "array", "items": {"type": "integer"}}, {"type": "string"}],
+                    "description": "worker index, list of indices, 'all', or a group name"}),
+]
+
+
+# -- the scenario ------------------------------------------------------------------------
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class DatasetSpec(Strict):
+    name: str = Field("mnist-5k", description="mnist | mnist-5k | fashion-mnist | digits")
+    partition: Literal["shards", "iid", "non_iid"] = Field("shards", description="shards: the paper's contiguous split")
+    classes_per_worker: PositiveInt | None = None
+    dirichlet_alpha: PositiveFloat | None = None
+    path: str | None = Field(None, description="explicit location of the files (IDX directory or mnist.npz)")
+    train_size: PositiveInt | None = Field(None, description="use only the first N training examples")
+    test_size: PositiveInt | None = Field(None, description="use only the first N test examples")
+
+    @model_validator(mode="after")
+    def _non_iid_needs_a_skew(self):
+        if self.partition == "non_iid" and not (self.classes_per_worker or self.dirichlet_alpha):
+            raise ValueError("partition non_iid needs classes_per_worker or dirichlet_alpha")
+        return self
+
+
+def _eval_every(raw):
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return {"updates": raw}
+    if isinstance(raw, str):
+        match = re.fullmatch(r"\s*(\d+)\s*(updates?|u)\s*", raw)
+        if match:
+            return {"updates": int(match.group(1))}
+        return {"seconds": units.parse_duration(raw)}
+    raise ValueError(f"expected a duration (30s) or a number of updates (500 updates), got {raw!r}")
+
+
+class EvalSchedule(Strict):
+    seconds: PositiveFloat | None = None
+    updates: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        if (self.seconds is None) == (self.updates is None):
+            raise ValueError("give either a time (30s) or a number of updates (500 updates)")
+        return self
+
+    def to_json(self) -> dict:
+        return {"seconds": self.seconds} if self.seconds is not None else {"updates": self.updates}
+
+
+class TrainingSpec(Strict):
+    batch_size: PositiveInt = 10
+    learning_rate: PositiveFloat = 0.1
+    max_updates: PositiveInt | None = Field(None, description="stop after this many updates applied by the server")
+    duration: PositiveDuration | None = Field(None, description="stop after this much wall time")
+    eval_every: Annotated[EvalSchedule, BeforeValidator(_eval_every)] = Field(
+        default_factory=lambda: EvalSchedule(seconds=30.0), description="30s or '500 updates'"
+    )
+
+    @model_validator(mode="after")
+    def _has_an_end(self):
+        if self.max_updates is None and self.duration is None:
+            raise ValueError("give max_updates, duration, or both, so the run ends")
+        return self
+
+
+class WireSpec(Strict):
+    values: Literal["f32", "f16"] = Field("f32", description="f32 is lossless; f16 halves value bytes")
+    indices: Literal["elias_fano", "raw32"] = Field("elias_fano", description="index coding of sparse parts")
+
+
+class MethodSpec(BaseModel):
+    """A preset (asgd, staleness_asgd, comp_c, adacomp) or a compressor name; other keys are its parameters."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str = "adacomp"
+    rule: str | None = Field(None, description="plain | staleness | adacomp (default: the preset's)")
+    error_feedback: bool = False
+    wire: WireSpec = WireSpec()
+
+    @property
+    def params(self) -> dict:
+        return dict(self.model_extra or {})
+
+
+class ServerSpec(Strict):
+    cpus: PositiveFloat = 1.0
+    memory: Size = units.parse_size("2g")
+    uplink: Rate | None = Field(None, description="server egress cap (models sent); none = unshaped")
+    downlink: Rate | None = Field(None, description="server ingress cap (updates received); none = unshaped")
+    delay: Duration = 0.0
+    port: int = Field(7000, ge=1, le=65535)
+
+
+class EvaluatorSpec(Strict):
+    cpus: PositiveFloat = 1.0
+    memory: Size = units.parse_size("2g")
+
+
+class WorkerGroup(Strict):
+    name: str | None = None
+    count: int = Field(1, ge=1, le=MAX_WORKERS)
+    cpus: Cpus = Fixed(1.0)
+    memory: Size = units.parse_size("1g")
+    uplink: RateDist | None = None
+    downlink: RateDist | None = None
+    delay: DelayDist = Fixed(0.0)
+    jitter: DelayDist = Fixed(0.0)
+    loss: LossDist = Fixed(0.0)
+
+    @model_validator(mode="after")
+    def _lists_match_count(self):
+        for field in ("cpus", "uplink", "downlink", "delay", "jitter", "loss"):
+            value = getattr(self, field)
+            if isinstance(value, PerDevice) and len(value.values) != self.count:
+                raise ValueError(f"{field}: a per-device list of {len(value.values)} values for count {self.count}")
+        return self
+
+
+class CrashProcess(Strict):
+    rate_per_hour: float = Field(ge=0, description="crashes per worker per hour (exponential inter-arrival)")
+    restart_after: Duration | None = Field(None, description="restart delay; none = the worker stays down")
+    workers: Targets = "all"
+
+
+class LinkChange(Strict):
+    uplink: Rate | None = None
+    downlink: Rate | None = None
+    delay: Duration | None = None
+    jitter: Duration | None = None
+    loss: Fraction | None = None
+
+
+ACTIONS = ("crash", "restart", "pause", "resume", "partition", "heal", "cpus", "link")
+
+
+class TimedEvent(Strict):
+    time: Duration
+    crash: Targets | None = None
+    restart: Targets | None = None
+    pause: Targets | None = None
+    resume: Targets | None = None
+    partition: Targets | None = None
+    heal: Targets | None = None
+    cpus: PositiveFloat | None = None
+    link: LinkChange | None = None
+    workers: Targets | None = Field(None, description="targets of a cpus or link change (default all)")
+    duration: PositiveDuration | None = Field(None, alias="for", description="undo after this long (pause, partition, cpus, link)")
+    restart_after: Duration | None = Field(None, description="with crash: restart after this long")
+
+    @model_validator(mode="after")
+    def _one_action(self):
+        present = [a for a in ACTIONS if getattr(self, a) is not None]
+        if len(present) != 1:
+            raise ValueError(f"give exactly one action of {', '.join(ACTIONS)}; got {present or 'none'}")
+        action = present[0]
+        if self.workers is not None and action not in ("cpus", "link"):
+            raise ValueError(f"'workers' goes with cpus or link; {action} names its targets itself")
+        if self.restart_after is not None and action != "crash":
+            raise ValueError("restart_after goes with crash")
+        if self.duration is not None and action in ("crash", "restart", "resume", "heal"):
+            raise ValueError(f"'for' does not apply to {action}")
+        return self
+
+    @property
+    def action(self) -> str:
+        return next(a for a in ACTIONS if getattr(self, a) is not None)
+
+    @property
+    def targets(self):
+        if self.action in ("cpus", "link"):
+            return self.workers if self.workers is not None else "all"
+        return getattr(self, self.action)
+
+
+class Trigger(Strict):
+    worker: int = Field(ge=0)
+    after_pushes: PositiveInt
+    action: Literal["crash", "pause", "partition"] = "crash"
+    restart_after: Duration | None = None
+    duration: PositiveDuration | None = Field(None, alias="for")
+
+
+class FaultsSpec(Strict):
+    horizon: PositiveDuration | None = Field(None, description="how far ahead random faults are drawn (default: duration, else 1h)")
+    crash: CrashProcess | None = None
+    at: list[TimedEvent] = Field(default_factory=list)
+    triggers: list[Trigger] = Field(default_factory=list)
+
+
+class Scenario(Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str = ""
+    seed: int = 0
+    model: str = Field("mnist_cnn", description="mnist_cnn | mlp")
+    dataset: DatasetSpec = DatasetSpec()
+    training: TrainingSpec
+    method: MethodSpec = MethodSpec()
+    server: ServerSpec = ServerSpec()
+    evaluator: EvaluatorSpec = EvaluatorSpec()
+    workers: list[WorkerGroup] = Field(min_length=1)
+    faults: FaultsSpec = FaultsSpec()
+    backend: Literal["auto", "local", "docker", "swarm"] = "auto"
+
+    @property
+    def worker_count(self) -> int:
+        return sum(g.count for g in self.workers)
+
+
+# -- loading -----------------------------------------------------------------------------
+
+
+_MESSAGES = {
+    "greater_than": lambda e: f"must be > {e['ctx']['gt']}",
+    "greater_than_equal": lambda e: f"must be >= {e['ctx']['ge']}",
+    "less_than": lambda e: f"must be < {e['ctx']['lt']}",
+    "less_than_equal": lambda e: f"must be <= {e['ctx']['le']}",
+    "int_parsing": lambda e: "must be an integer",
+    "int_from_float": lambda e: "must be a whole number",
+    "int_type": lambda e: "must be an integer",
+    "float_parsing": lambda e: "must be a number",
+    "float_type": lambda e: "must be a number",
+    "bool_parsing": lambda e: "must be true or false",
+    "bool_type": lambda e: "must be true or false",
+    "string_type": lambda e: "must be a string",
+    "list_type": lambda e: "must be a list",
+    "model_type": lambda e: "must be a mapping of keys to values",
+    "dict_type": lambda e: "must be a mapping of keys to values",
+    "missing": lambda e: "required",
+    "literal_error": lambda e: f"must be one of {e['ctx']['expected']}",
+    "too_short": lambda e: f"needs at least {e['ctx']['min_length']} item(s)",
+    "string_too_short": lambda e: "must not be empty",
+    "string_pattern_mismatch": lambda e: "use letters, digits, '.', '_' and '-' (starting with a letter or digit)",
+}
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The model class that holds the field at ``loc`` (for 'did you mean' on unknown keys)."""
+    import typing
+
+    current: Any = Scenario
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(part) or next((f for f in current.model_fields.values() if f.alias == part), None)
+        if field is None:
+            return None
+        ann = field.annotation
+        while True:
+            origin = typing.get_origin(ann)
+            if origin in (list, tuple, Union) or str(origin) == "types.UnionType":
+                ann = next((a for a in typing.get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+                if ann is None:
+                    return None
+            elif origin is Annotated:
+                ann = typing.get_args(ann)[0]
+            else:
+                break
+        current = ann
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _problem(error: dict, prefix: tuple = ()) -> Problem:
+    loc = prefix + tuple(error["loc"])
+    kind = error["type"]
+    raw = error.get("input")
+    if kind == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        key = loc[-1]
+        hint = ""
+        if parent is not None:
+            names = _field_names(parent)
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f"; allowed: {', '.join(names)}"
+        return Problem(format_path(loc), f"unknown key{hint}")
+    if kind == "value_error":
+        message = str(error.get("ctx", {}).get("error", error["msg"]))
+    elif kind in _MESSAGES:
+        message = _MESSAGES[kind](error)
+    else:
+        message = error["msg"]
+    if kind not in ("missing", "value_error", "extra_forbidden") and not isinstance(raw, (dict, list)) and "got" not in message:
+        message += f", got {raw!r}"
+    # Errors inside a union report every branch; keep the path readable.
+    loc = tuple(p for p in loc if not (isinstance(p, str) and (p.startswith("function-") or p in ("str", "tuple[int, ...]"))))
+    return Problem(format_path(loc), message)
+
+
+def problems_from(exc: ValidationError, prefix: tuple = ()) -> list[Problem]:
+    seen, out = set(), []
+    for error in exc.errors(include_url=False):
+        problem = _problem(error, prefix)
+        if str(problem) not in seen:
+            seen.add(str(problem))
+            out.append(problem)
+    return out
+
+
+def _expanded_size(value, budget: int) -> int:
+    """Values after expanding YAML aliases, counting up to ``budget`` (defeats 'billion laughs')."""
+    stack, count = [value], 0
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > budget:
+            return count
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
+def parse_yaml(text: str, source: str = "") -> dict:
+    if len(text.encode()) > MAX_FILE_BYTES:
+        raise ScenarioError([Problem("", f"file larger than {MAX_FILE_BYTES // 1024} KiB")], source)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ScenarioError([Problem("", f"not valid YAML: {where}{problem}")], source) from None
+    if data is None:
+        raise ScenarioError([Problem("", "the file is empty")], source)
+    if not isinstance(data, dict):
+        raise ScenarioError([Problem("", f"the top level must be a mapping of keys, got {type(data).__name__}")], source)
+    if _expanded_size(data, MAX_EXPANDED_VALUES) > MAX_EXPANDED_VALUES:
+        raise ScenarioError([Problem("", f"more than {MAX_EXPANDED_VALUES:,} values once YAML aliases are expanded")], source)
+    return data
+
+
+def validate(data: dict, source: str = "") -> Scenario:
+    """Raw mapping -> Scenario, every structural problem reported with its path."""
+    from .methods import check_method
+
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(problems_from(exc), source) from None
+    problems = check_method(scenario.method) + _check_names(scenario) + _check_targets(scenario)
+    if scenario.worker_count > MAX_WORKERS:
+        problems.append(Problem("workers", f"{scenario.worker_count} workers in all; at most {MAX_WORKERS:,}"))
+    if problems:
+        raise ScenarioError(problems, source)
+    return scenario
+
+
+def _check_names(s: Scenario) -> list[Problem]:
+    from . import datasets
+    from .runtime import models
+
+    out = []
+    if s.model not in models.MODELS:
+        out.append(Problem("model", f"unknown model {s.model!r}; known: {', '.join(sorted(models.MODELS))}"))
+    if s.dataset.name not in datasets.DATASETS:
+        out.append(Problem("dataset.name", f"unknown dataset {s.dataset.name!r}; known: {', '.join(sorted(datasets.DATASETS))}"))
+    names = [g.name for g in s.workers if g.name]
+    for dup in sorted({n for n in names if names.count(n) > 1}):
+        out.append(Problem("workers", f"group name {dup!r} used twice"))
+    return out
+
+
+def resolve_targets(targets, scenario: Scenario) -> list[int]:
+    """Worker indices named by ``targets`` (indices, 'all', or a group name); ValueError if impossible."""
+    total = scenario.worker_count
+    if targets == "all":
+        return list(range(total))
+    if isinstance(targets, str):
+        start = 0
+        for group in scenario.workers:
+            if group.name == targets:
+                return list(range(start, start + group.count))
+            start += group.count
+        known = [g.name for g in scenario.workers if g.name]
+        raise ValueError(f"no worker group named {targets!r}" + (f"; groups: {', '.join(known)}" if known else " (give groups a name)"))
+    bad = [i for i in targets if not 0 <= i < total]
+    if bad:
+        raise ValueError(f"worker {bad[0]} does not exist (the scenario has {total} workers, 0..{total - 1})")
+    return sorted(set(targets))
+
+
+def _check_targets(s: Scenario) -> list[Problem]:
+    out = []
+    checks: list[tuple[str, Any]] = []
+    if s.faults.crash:
+        checks.append(("faults.crash.workers", s.faults.crash.workers))
+    for i, event in enumerate(s.faults.at):
+        key = "workers" if event.action in ("cpus", "link") else event.action
+        checks.append((f"faults.at[{i}].{key}", event.targets))
+    for i, trigger in enumerate(s.faults.triggers):
+        checks.append((f"faults.triggers[{i}].worker", (trigger.worker,)))
+    for path, targets in checks:
+        try:
+            resolve_targets(targets, s)
+        except ValueError as exc:
+            out.append(Problem(path, str(exc)))
+    return out
+
+
+_INDEX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
+
+
+def apply_override(data: dict, assignment: str) -> None:
+    """Apply ``key.path[0].leaf=value`` (value parsed as YAML) to the raw mapping, in place."""
+    if "=" not in assignment:
+        raise ScenarioError([Problem("--set", f"expected key=value, got {assignment!r}")])
+    path, raw_value = assignment.split("=", 1)
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+    except yaml.YAMLError:
+        value = raw_value
+    steps: list[str | int] = []
+    for piece in path.strip().split("."):
+        match = _INDEX.match(piece)
+        if not match:
+            raise ScenarioError([Problem("--set", f"cannot parse key path {path!r} at {piece!r}")])
+        steps.append(match.group(1))
+        steps.extend(int(i) for i in re.findall(r"\[(\d+)\]", match.group(2)))
+    node: Any = data
+    for i, step in enumerate(steps[:-1]):
+        here = format_path(tuple(steps[: i + 1]))
+        if isinstance(step, int):
+            if not isinstance(node, list) or step >= len(node):
+                size = len(node) if isinstance(node, list) else 0
+                raise ScenarioError([Problem(f"--set {path}", f"{here}: index out of range (the list has {size} item(s))")])
+            node = node[step]
+        else:
+            if not isinstance(node, dict):
+                raise ScenarioError([Problem(f"--set {path}", f"{here}: the parent is not a mapping")])
+            if step not in node:
+                model = _model_at(tuple(steps[: i]))
+                if model is not None and step not in _field_names(model):
+                    raise ScenarioError([Problem(f"--set {path}", f"unknown key {format_path(tuple(steps[: i + 1]))!r}")])
+                node[step] = {}
+            node = node[step]
+    last = steps[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or last >= len(node):
+            raise ScenarioError([Problem(f"--set {path}", "index out of range")])
+        node[last] = value
+        return
+    if not isinstance(node, dict):
+        raise ScenarioError([Problem(f"--set {path}", "the parent is not a mapping")])
+    model = _model_at(tuple(steps[:-1]))
+    if model is not None and model is not MethodSpec and last not in _field_names(model):
+        names = _field_names(model)
+        close = difflib.get_close_matches(last, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else f"; allowed: {', '.join(names)}"
+        raise ScenarioError([Problem(f"--set {path}", f"unknown key {format_path(tuple(steps))!r}{hint}")])
+    node[last] = value
+
+
+def load_scenario(path: str | Path, overrides: list[str] = ()) -> tuple[Scenario, dict]:
+    """Read, override and validate a scenario file; returns the model and the raw mapping used."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ScenarioError([Problem("", f"cannot read the file: {exc.strerror}")], source) from None
+    data = parse_yaml(text, source)
+    for assignment in overrides:
+        try:
+            apply_override(data, assignment)
+        except ScenarioError as exc:
+            raise ScenarioError(exc.problems, source) from None
+    return validate(data, source), data
+
+
+def json_schema() -> dict:
+    return Scenario.model_json_schema(by_alias=True)
