@@ -68,7 +68,7 @@ def run(scenario_file, backend, overrides, out_root, run_id, strict, quiet):
         sys.exit(EXIT_BAD_INPUT)
     rundir = RunDirectory.create(out_root, plan.name, run_id)
     emulation = Emulation(
-        plan, backend_cls(), rundir, scenario_text=Path(scenario_file).read_text(),
+        plan, backend_cls(say=_say), rundir, scenario_text=Path(scenario_file).read_text(),
         resolved={"scenario": scenario.model_dump(mode="json", by_alias=True), "overrides": list(overrides)},
         say=_say, progress_every_s=0 if quiet else 2.0, strict=strict,
     )

@@ -9,6 +9,7 @@ evaluator's final accuracy, and always tears everything down, also on Ctrl-C and
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import sys
@@ -117,6 +118,8 @@ class Emulation:
         self._fired_triggers: set[int] = set()
         self._pending: list[EventPlan] = []
         self._lost_updates = 0
+        self.net_last: dict[str, dict] = {}  # latest interface counters per device
+        self.net_marks: dict[str, dict[str, dict]] = {}  # counters at training start and end
         rundir.write_text("scenario.yaml", scenario_text)
         if resolved is not None:
             rundir.write_json("scenario.resolved.json", resolved)
@@ -216,10 +219,11 @@ class Emulation:
     # -- the run -------------------------------------------------------------------------
 
     def _start_devices(self) -> None:
-        for device in (self.plan.server, self.plan.evaluator) + self.plan.workers:
-            self.backend.start(device, self._config(device))
+        started = time.monotonic()
+        self.backend.start_many([(d, self._config(d)) for d in (self.plan.server, self.plan.evaluator) + self.plan.workers])
+        for device in self.plan.devices:
             self.backend.set_link(device, device.link)
-        self.event("devices_started", count=len(self.plan.devices))
+        self.event("devices_started", count=len(self.plan.devices), start_s=round(time.monotonic() - started, 3))
 
     def _throttle_ready(self) -> None:
         """Devices boot unthrottled; each gets its CPU quota as soon as it reports ready."""
@@ -232,6 +236,12 @@ class Emulation:
                 continue
             if device.name not in self.down:
                 self.backend.set_cpus(device, self.cpus[device.name])
+
+    def _last_error(self, device: str) -> str:
+        time.sleep(0.5)  # its error event may still be on its way
+        with self.state.lock:
+            errors = [e for e in self.state.errors if e.get("source") == device]
+        return f" ({errors[-1].get('reason')}: {errors[-1].get('detail')})" if errors else ""
 
     def _boot(self) -> None:
         """Wait until every device is ready, then start training (the timeline's time zero)."""
@@ -246,7 +256,7 @@ class Emulation:
                 break
             for name in missing:
                 if not self.backend.alive(self.plan.device(name)):
-                    raise RuntimeError(f"{name} exited while starting; see logs/{name}.log")
+                    raise RuntimeError(f"{name} exited while starting{self._last_error(name)}; see logs/{name}.log")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"not ready after {BOOT_TIMEOUT_S:g}s: {', '.join(missing)}")
             if self.progress_every_s and time.monotonic() - last_say > 5:
@@ -254,6 +264,7 @@ class Emulation:
                 last_say = time.monotonic()
             time.sleep(TICK_S)
         self._sample()
+        self.net_marks["start"] = dict(self.net_last)
         self.collector.send("server", {"cmd": "start"})
         if not self.state.training_started.wait(30):
             raise RuntimeError("the parameter server did not acknowledge the start")
@@ -295,6 +306,7 @@ class Emulation:
                 self.collector.emit("stats", [{"ts": ts, **s} for s in stats])
             if net:
                 self.collector.emit("net", [{"ts": ts, **s} for s in net])
+                self.net_last.update({s["device"]: s for s in net})
 
     def _loop(self) -> str:
         timeline = list(self.plan.events)
@@ -323,9 +335,9 @@ class Emulation:
                 self.collector.send("server", {"cmd": "stop"})
                 stop_sent = True
             if not self.backend.alive(server):
-                raise RuntimeError("the parameter server exited unexpectedly; see logs/server.log")
+                raise RuntimeError(f"the parameter server exited unexpectedly{self._last_error('server')}; see logs/server.log")
             if not self.backend.alive(self.plan.evaluator) and self.state.final_accuracy is None:
-                raise RuntimeError("the evaluator exited unexpectedly; see logs/evaluator.log")
+                raise RuntimeError(f"the evaluator exited unexpectedly{self._last_error('evaluator')}; see logs/evaluator.log")
             planned_restarts = any(e.action == "restart" for e in timeline + self._pending)
             if len(self.down) == len(self.plan.workers) and not planned_restarts:
                 self.collector.send("server", {"cmd": "stop"})
@@ -372,6 +384,8 @@ class Emulation:
             self.status = "running"
             reason = self._loop()
             self.training_end = self.training_time()
+            self._sample()
+            self.net_marks["end"] = dict(self.net_last)
             self.event("training_done", reason=reason, updates=self.state.updates, training_s=round(self.training_end, 3))
             self._await_final()
             self.status = "completed"
@@ -396,6 +410,14 @@ class Emulation:
         if error is not None:
             raise error
         return summary
+
+    def _wire_bytes(self) -> dict:
+        """Bytes on the server's interface during training (all of it: headers, ACKs, retransmissions)."""
+        ingress = _counter_delta(self.net_marks, "server", "rx_bytes")
+        out = {"ingress_wire_bytes": ingress, "egress_wire_bytes": _counter_delta(self.net_marks, "server", "tx_bytes")}
+        if ingress and self.state.ingress_bytes:
+            out["wire_overhead_ratio"] = round(ingress / self.state.ingress_bytes, 4)
+        return out
 
     def summary(self, error: Exception | None = None) -> dict:
         s = self.state
@@ -425,10 +447,23 @@ class Emulation:
             "parameters": getattr(getattr(self, "layout", None), "total", None),
             "dataset": getattr(getattr(self, "shards", None), "source", None),
             "plan_digest": self.plan.digest(),
+            **self._wire_bytes(),
         }
 
 
+def _counter_delta(marks: dict, device: str, key: str) -> int | None:
+    try:
+        return int(marks["end"][device][key]) - int(marks["start"][device][key])
+    except KeyError:
+        return None
+
+
+_CONTROLLER_PID = os.getpid()
+
+
 def _raise_interrupt(signum, frame):
+    if os.getpid() != _CONTROLLER_PID:
+        os._exit(128 + signum)  # a forked child (a library's helper) must not run our teardown
     raise KeyboardInterrupt
 
 

@@ -607,6 +607,8 @@ def prepare_shards(
     )
     existing = _cached(target, workers)
     if existing is not None:
+        if target.stat().st_mode & 0o005 != 0o005:
+            os.chmod(target, 0o755)  # made by an older version with mkdtemp's 0700
         return existing
     parts = partition(
         y_train,
@@ -618,6 +620,7 @@ def prepare_shards(
     )
     cache.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=cache))
+    os.chmod(staging, 0o755)  # devices read their shard as an unprivileged user (bind-mounted)
     try:
         for worker, indices in enumerate(parts):
             _save(staging / _shard_name(worker), x_train[indices], y_train[indices])

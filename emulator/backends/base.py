@@ -43,6 +43,9 @@ class BackendUnavailable(RuntimeError):
 class Backend(ABC):
     name: ClassVar[str]
 
+    def __init__(self, say=None):
+        self.say = say or (lambda msg: None)
+
     @classmethod
     def available(cls) -> tuple[bool, str]:
         """(usable here, why not)."""
@@ -75,6 +78,11 @@ class Backend(ABC):
         """Start (or restart) the device's program, unthrottled: the controller applies the
         device's CPU quota with :meth:`set_cpus` once the program reports ready, so loading
         TensorFlow is not part of what is emulated."""
+
+    def start_many(self, items: list[tuple[DevicePlan, dict]]) -> None:
+        """Start several devices (backends that can, do it in parallel)."""
+        for device, config in items:
+            self.start(device, config)
 
     @abstractmethod
     def kill(self, device: DevicePlan) -> None:

@@ -33,7 +33,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self):
+    def __init__(self, say=None):
+        super().__init__(say)
         self.procs: dict[str, subprocess.Popen] = {}
         self.groups: dict[str, cgroups.CpuGroup] = {}
         self.ctx: RunContext | None = None

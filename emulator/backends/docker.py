@@ -1,0 +1,311 @@
+"""The Docker backend: one container per device on one internal network, shaped from the host.
+
+Every device runs the project's runtime image as a hardened container (non-root, read-only
+root filesystem, no capabilities, no new privileges, memory and pids limits) with a CPU
+quota set through ``cpu_period``/``cpu_quota`` so it can change live. The run gets its own
+``--internal`` bridge network in 198.18.0.0/15; the controller's collector listens on that
+network's gateway. Links are shaped from the host in each container's namespace
+(:mod:`emulator.links`), so containers need no NET_ADMIN. Everything is labelled with the
+run id; :func:`remove_labelled` finds and removes it after any crash.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .. import links
+from ..plan import DevicePlan, LinkPlan
+from .base import Backend, BackendUnavailable, Endpoints, RunContext
+
+LABEL = "edge-emulator"
+RUN_LABEL = "edge-emulator.run"
+DEVICE_LABEL = "edge-emulator.device"
+POOL = ipaddress.ip_network("198.18.0.0/15")
+SERVER_PORT = 7000
+DATA_MOUNT = "/data"
+CONFIG_MOUNT = "/etc/emulator"
+MODULES = {"server": "paramserver", "worker": "worker", "evaluator": "evaluator"}
+CPU_PERIOD_US = 100_000
+START_THREADS = 8
+
+
+def client(timeout: int = 120):
+    import docker
+
+    return docker.from_env(timeout=timeout)
+
+
+def _subnet_size(devices: int) -> int:
+    """Smallest prefix with room for every device, the gateway and some spare."""
+    for prefix in range(24, 14, -1):
+        if 2 ** (32 - prefix) - 8 >= devices:
+            return prefix
+    raise BackendUnavailable(f"{devices} devices do not fit in {POOL}")
+
+
+def _free_subnet(docker_client, prefix: int) -> ipaddress.IPv4Network:
+    used = []
+    for net in docker_client.networks.list():
+        for cfg in (net.attrs.get("IPAM") or {}).get("Config") or []:
+            try:
+                used.append(ipaddress.ip_network(cfg["Subnet"]))
+            except (KeyError, ValueError):
+                pass
+    for candidate in POOL.subnets(new_prefix=prefix):
+        if not any(candidate.overlaps(u) for u in used):
+            return candidate
+    raise BackendUnavailable(f"no free /{prefix} left in {POOL}")
+
+
+class DockerBackend(Backend):
+    name = "docker"
+
+    def __init__(self, say=None, image: str | None = None):
+        super().__init__(say)
+        self.docker = client()
+        self.image = image
+        self.ctx: RunContext | None = None
+        self.network = None
+        self.server_ip = ""
+        self.containers: dict[str, object] = {}
+        self.features = links.detect()
+        self._host_index: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        try:
+            import docker  # noqa: F401
+        except ImportError:
+            return False, "the docker Python package is not installed"
+        try:
+            client(timeout=5).ping()
+        except Exception as exc:  # noqa: BLE001 - any failure means "not here"
+            return False, f"no Docker daemon answers ({type(exc).__name__})"
+        if os.geteuid() != 0:
+            return False, "shaping links in containers' namespaces needs root"
+        return True, ""
+
+    # -- run set-up ----------------------------------------------------------------------
+
+    def prepare(self, ctx, devices):
+        from .. import images
+
+        self.ctx = ctx
+        if self.image is None:
+            self.image = images.ensure_runtime_image(self.docker, progress=self.say)
+        subnet = _free_subnet(self.docker, _subnet_size(len(devices)))
+        gateway = str(subnet.network_address + 1)
+        self.server_ip = server_ip = str(subnet.network_address + 2)
+        import docker.types
+
+        ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet), gateway=gateway)])
+        self.network = self.docker.networks.create(
+            f"emu-{ctx.run_id}", driver="bridge", internal=True, ipam=ipam,
+            labels={LABEL: "1", RUN_LABEL: ctx.run_id},
+        )
+        (Path(ctx.run_dir) / "devices").mkdir(exist_ok=True)
+        return Endpoints(gateway, gateway, ("0.0.0.0", SERVER_PORT), (server_ip, SERVER_PORT), DATA_MOUNT)
+
+    def mechanisms(self, device):
+        return {"cpus": "docker-cpu-quota (cgroup cfs)", **links.plan_mechanisms(self.features, device.link)}
+
+    # -- devices -------------------------------------------------------------------------
+
+    def _config_dir(self, device: DevicePlan) -> Path:
+        path = Path(self.ctx.run_dir) / "devices" / device.name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _write_config(self, device: DevicePlan, config: dict) -> None:
+        """Atomically replace the config file; the directory is bind-mounted read-only."""
+        path = self._config_dir(device)
+        tmp = path / ".config.json.tmp"
+        tmp.write_text(json.dumps(config))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path / "config.json")
+
+    def _create(self, device: DevicePlan):
+        networking = self.docker.api.create_networking_config({
+            self.network.name: self.docker.api.create_endpoint_config(
+                ipv4_address=self.server_ip if device.role == "server" else None, aliases=[device.name]),
+        })
+        host_config = self.docker.api.create_host_config(
+            cpu_period=CPU_PERIOD_US, cpu_quota=-1,
+            mem_limit=device.memory_bytes, memswap_limit=device.memory_bytes, pids_limit=512,
+            read_only=True, tmpfs={"/tmp": "rw,nosuid,nodev,size=256m"},
+            cap_drop=["ALL"], security_opt=["no-new-privileges"],
+            binds={
+                str(Path(self.ctx.data_dir).resolve()): {"bind": DATA_MOUNT, "mode": "ro"},
+                str(self._config_dir(device).resolve()): {"bind": CONFIG_MOUNT, "mode": "ro"},
+            },
+            network_mode=self.network.name, init=True,
+        )
+        created = self.docker.api.create_container(
+            self.image, command=["python", "-m", f"emulator.runtime.{MODULES[device.role]}", f"{CONFIG_MOUNT}/config.json"],
+            name=f"emu-{self.ctx.run_id}-{device.name}", user="10001:10001", host_config=host_config,
+            networking_config=networking, labels={LABEL: "1", RUN_LABEL: self.ctx.run_id, DEVICE_LABEL: device.name},
+            environment={"OMP_NUM_THREADS": str(max(1, int(device.cpus + 0.999)))}, detach=True,
+        )
+        return self.docker.containers.get(created["Id"])
+
+    def start(self, device, config):
+        self._write_config(device, config)
+        with self._lock:
+            container = self.containers.get(device.name)
+        if container is None:
+            container = self._create(device)
+            with self._lock:
+                self.containers[device.name] = container
+        else:
+            self.docker.api.update_container(container.id, cpu_quota=-1)
+        container.start()
+        container.reload()
+        with self._lock:
+            self._host_index.pop(device.name, None)
+
+    def start_many(self, items: list[tuple[DevicePlan, dict]]) -> None:
+        """Start devices in parallel (container creation is mostly waiting on the daemon).
+
+        The server goes first: it has a fixed address that dynamic allocation must not take."""
+        first = [item for item in items if item[0].role == "server"]
+        for item in first:
+            self.start(*item)
+        with ThreadPoolExecutor(START_THREADS) as pool:
+            list(pool.map(lambda item: self.start(*item), [i for i in items if i not in first]))
+
+    def _netns(self, name: str) -> str:
+        container = self.containers[name]
+        container.reload()
+        pid = container.attrs["State"]["Pid"]
+        if not pid:
+            raise links.LinkError(f"{name} is not running")
+        return f"/proc/{pid}/ns/net"
+
+    def kill(self, device):
+        container = self.containers.get(device.name)
+        if container is None:
+            return
+        container.reload()
+        if container.status == "paused":
+            container.unpause()
+        if container.status in ("running", "paused"):
+            container.kill()
+        container.wait(timeout=30)
+        with self._lock:
+            self._host_index.pop(device.name, None)
+
+    def pause(self, device):
+        self.containers[device.name].pause()
+
+    def resume(self, device):
+        self.containers[device.name].unpause()
+
+    def set_cpus(self, device, cpus):
+        quota = max(1000, int(cpus * CPU_PERIOD_US))
+        self.docker.api.update_container(self.containers[device.name].id, cpu_period=CPU_PERIOD_US, cpu_quota=quota)
+
+    def set_link(self, device, link: LinkPlan):
+        links.shape_device(self._netns(device.name), link, self.features)
+
+    def partition(self, device, cut):
+        links.set_partition(self._netns(device.name), cut)
+        return True
+
+    def alive(self, device):
+        container = self.containers.get(device.name)
+        if container is None:
+            return False
+        try:
+            container.reload()
+        except Exception:  # noqa: BLE001 - gone
+            return False
+        return container.status in ("running", "paused")
+
+    # -- measurement ---------------------------------------------------------------------
+
+    def _host_veth(self, name: str) -> int | None:
+        with self._lock:
+            index = self._host_index.get(name)
+        if index is None:
+            try:
+                _, index = links.peer_index(self._netns(name))
+            except Exception:  # noqa: BLE001 - not running right now
+                return None
+            with self._lock:
+                self._host_index[name] = index
+        return index
+
+    def sample(self):
+        """Interface bytes from the device's point of view (host veth rx = device tx), CPU, memory."""
+        out = []
+        for name, container in list(self.containers.items()):
+            index = self._host_veth(name) if self._running(container) else None
+            if index is not None:
+                counters = links.interface_counters(index)
+                if counters is not None:
+                    out.append({"device": name, "rx_bytes": counters[1], "tx_bytes": counters[0]})
+            usage = _cgroup_usage(container.id)
+            if usage:
+                out.append({"device": name, **usage})
+        return out
+
+    def _running(self, container) -> bool:
+        return container.attrs.get("State", {}).get("Running", False)
+
+    def collect_logs(self) -> None:
+        for name, container in self.containers.items():
+            try:
+                data = container.logs(stdout=True, stderr=True)
+            except Exception:  # noqa: BLE001 - already removed
+                continue
+            with open(Path(self.ctx.run_dir) / "logs" / f"{name}.log", "ab") as fh:
+                fh.write(data)
+
+    def teardown(self):
+        if self.ctx is None:
+            return
+        try:
+            self.collect_logs()
+        finally:
+            remove_labelled(self.ctx.run_id, self.docker)
+            self.containers.clear()
+            self.network = None
+
+
+def _cgroup_usage(container_id: str) -> dict | None:
+    """CPU seconds and memory from the container's cgroup (v1 cgroupfs layout; else None)."""
+    cpu = Path(f"/sys/fs/cgroup/cpuacct/docker/{container_id}/cpuacct.usage")
+    mem = Path(f"/sys/fs/cgroup/memory/docker/{container_id}/memory.usage_in_bytes")
+    try:
+        return {"cpu_s": int(cpu.read_text()) / 1e9, "memory_bytes": int(mem.read_text())}
+    except (OSError, ValueError):
+        return None
+
+
+def remove_labelled(run_id: str | None = None, docker_client=None) -> list[str]:
+    """Remove containers and networks carrying our label (one run's, or every run's)."""
+    docker_client = docker_client or client(timeout=30)
+    label = f"{RUN_LABEL}={run_id}" if run_id else LABEL
+    removed = []
+    for container in docker_client.containers.list(all=True, filters={"label": label}):
+        try:
+            container.remove(force=True)
+            removed.append(f"container {container.name}")
+        except Exception as exc:  # noqa: BLE001 - report, keep cleaning
+            removed.append(f"container {container.name} NOT removed: {exc}")
+    for network in docker_client.networks.list(filters={"label": label}):
+        for _ in range(5):
+            try:
+                network.remove()
+                removed.append(f"network {network.name}")
+                break
+            except Exception:  # noqa: BLE001 - endpoints still detaching
+                time.sleep(0.5)
+    return removed

@@ -1,0 +1,268 @@
+"""Shaping a device's link in the kernel, from the host: tc through pyroute2, drops through iptables.
+
+A device's link has two directions. The uplink is shaped on the egress of the device's own
+interface (``eth0`` inside its network namespace); the downlink on the egress of the host
+side of its veth pair. Rate uses an htb class; delay, jitter and loss use netem where the
+kernel has it. Where it does not, loss falls back to iptables' ``statistic`` match inside the
+device's namespace (real drops, real TCP retransmissions) and delay to the device's own
+transport shaper. :func:`detect` finds out once what the kernel offers; :func:`plan_mechanisms`
+says, per property, which mechanism will realise it, so every run records it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import socket
+import subprocess
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .plan import LinkPlan
+
+HTB_ROOT = 0x10000
+HTB_CLASS = 0x10010
+NETEM_LEAF = 0x100000
+PROBE_IFACES = ("emuprobe0", "emuprobe1")
+IPTABLES_CHAINS = {"loss": "EMU-LOSS", "partition": "EMU-CUT"}
+
+
+class LinkError(RuntimeError):
+    pass
+
+
+CLONE_NEWNET = 0x40000000
+NETLINK_ROUTE = 0
+
+
+def _netns_netlink_socket(netns_path: str) -> int:
+    """A rtnetlink socket created inside another network namespace; returns its fd.
+
+    A short-lived thread enters the namespace (setns is per thread), opens the socket, and
+    ends; the socket stays bound to that namespace. pyroute2's own netns support forks the
+    whole controller instead, which is unsafe in a multi-threaded program with signal handlers.
+    """
+    result: dict = {}
+
+    def enter_and_open():
+        libc = ctypes.CDLL(None, use_errno=True)
+        try:
+            fd = os.open(netns_path, os.O_RDONLY)
+        except OSError as exc:
+            result["error"] = LinkError(f"cannot open {netns_path}: {exc.strerror}")
+            return
+        try:
+            if libc.setns(fd, CLONE_NEWNET) != 0:
+                result["error"] = LinkError(f"setns({netns_path}): {os.strerror(ctypes.get_errno())}")
+                return
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE)
+            result["fd"] = sock.detach()
+        finally:
+            os.close(fd)
+
+    thread = threading.Thread(target=enter_and_open, name="netns-enter")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["fd"]
+
+
+@contextmanager
+def rtnl(netns_path: str | None = None):
+    """pyroute2's IPRoute on the host, or inside the namespace at ``netns_path``."""
+    from pyroute2 import IPRoute
+
+    ipr = IPRoute() if netns_path is None else IPRoute(fileno=_netns_netlink_socket(netns_path))
+    try:
+        yield ipr
+    finally:
+        ipr.close()
+
+
+@dataclass(frozen=True)
+class KernelFeatures:
+    htb: bool
+    tbf: bool
+    netem: bool
+    iptables_statistic: bool
+    detail: str = ""
+
+    def to_json(self) -> dict:
+        return {"htb": self.htb, "tbf": self.tbf, "netem": self.netem, "iptables_statistic": self.iptables_statistic, "detail": self.detail}
+
+
+def _try_qdisc(ipr, index: int, kind: str, **kwargs) -> bool:
+    try:
+        ipr.tc("add", kind, index, HTB_ROOT, **kwargs)
+    except Exception:  # noqa: BLE001 - any refusal means "not available"
+        return False
+    try:
+        ipr.tc("del", kind, index, HTB_ROOT)
+    except Exception:  # noqa: BLE001
+        pass
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def detect() -> KernelFeatures:
+    """Try each qdisc on a throwaway veth pair, and iptables' statistic match on a throwaway chain."""
+    notes = []
+    htb = tbf = netem = False
+    with rtnl() as ipr:
+        for name in PROBE_IFACES:
+            for index in ipr.link_lookup(ifname=name):
+                ipr.link("del", index=index)
+        try:
+            ipr.link("add", ifname=PROBE_IFACES[0], kind="veth", peer=PROBE_IFACES[1])
+            index = ipr.link_lookup(ifname=PROBE_IFACES[0])[0]
+            htb = _try_qdisc(ipr, index, "htb", default=0x10)
+            tbf = _try_qdisc(ipr, index, "tbf", rate="1000000bit", burst=20000, latency=100000)
+            netem = _try_qdisc(ipr, index, "netem", delay=1000)
+        except Exception as exc:  # noqa: BLE001
+            notes.append(f"cannot create a probe veth pair: {exc}")
+        finally:
+            for index in ipr.link_lookup(ifname=PROBE_IFACES[0]):
+                ipr.link("del", index=index)
+    statistic = _iptables_statistic_works()
+    if not statistic:
+        notes.append("iptables statistic match unavailable")
+    return KernelFeatures(htb, tbf, netem, statistic, "; ".join(notes))
+
+
+def _iptables_statistic_works() -> bool:
+    chain = "EMU-PROBE"
+    try:
+        subprocess.run(["iptables", "-w", "-N", chain], check=True, capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    try:
+        done = subprocess.run(
+            ["iptables", "-w", "-A", chain, "-m", "statistic", "--mode", "random", "--probability", "0.5", "-j", "RETURN"],
+            capture_output=True, timeout=10,
+        )
+        return done.returncode == 0
+    finally:
+        subprocess.run(["iptables", "-w", "-F", chain], capture_output=True, timeout=10)
+        subprocess.run(["iptables", "-w", "-X", chain], capture_output=True, timeout=10)
+
+
+def plan_mechanisms(features: KernelFeatures, link: LinkPlan) -> dict[str, str]:
+    """Property -> mechanism, for a device whose namespace the host can shape."""
+    def rate(value):
+        if not value:
+            return "unshaped"
+        return "tc-htb" if features.htb else ("tc-tbf" if features.tbf else "transport-token-bucket")
+
+    def timing(value):
+        if not value:
+            return "unshaped"
+        return "tc-netem" if features.netem else "transport-delay"
+
+    if not link.loss:
+        loss = "unshaped"
+    elif features.netem:
+        loss = "tc-netem"
+    elif features.iptables_statistic:
+        loss = "iptables-statistic"
+    else:
+        loss = "none (no netem, no iptables statistic match)"
+    return {"uplink": rate(link.uplink_bps), "downlink": rate(link.downlink_bps), "delay": timing(link.delay_s),
+            "jitter": timing(link.jitter_s), "loss": loss}
+
+
+def _burst_bytes(rate_bps: float) -> int:
+    """Large enough for one GSO burst (64 KiB) and 10 ms at the rate."""
+    return int(max(64 * 1024, rate_bps / 8 / 100))
+
+
+def shape_egress(ipr, index: int, *, rate_bps: float | None, delay_s: float, jitter_s: float, loss: float, features: KernelFeatures) -> None:
+    """Replace the root qdisc of one interface with what the link needs (nothing: plain default)."""
+    try:
+        ipr.tc("del", index=index, handle=0, parent=0xFFFFFFFF)
+    except Exception:  # noqa: BLE001 - there was no root qdisc of ours
+        pass
+    use_netem = features.netem and (delay_s or jitter_s or loss)
+    netem_args = {"delay": int(delay_s * 1e6), "jitter": int(jitter_s * 1e6), "loss": loss * 100, "limit": 100_000}
+    if rate_bps and features.htb:
+        ipr.tc("add", "htb", index, HTB_ROOT, default=0x10)
+        burst = _burst_bytes(rate_bps)
+        ipr.tc("add-class", "htb", index, HTB_CLASS, parent=HTB_ROOT, rate=f"{int(rate_bps)}bit",
+               ceil=f"{int(rate_bps)}bit", burst=burst, cburst=burst)
+        if use_netem:
+            ipr.tc("add", "netem", index, NETEM_LEAF, parent=HTB_CLASS, **netem_args)
+    elif rate_bps and features.tbf:
+        ipr.tc("add", "tbf", index, HTB_ROOT, rate=f"{int(rate_bps)}bit", burst=_burst_bytes(rate_bps), latency=1_000_000)
+    elif use_netem:
+        ipr.tc("add", "netem", index, HTB_ROOT, **netem_args)
+
+
+def peer_index(netns_path: str, ifname: str = "eth0") -> tuple[int, int]:
+    """(index of ``ifname`` inside the namespace, index of its veth peer on the host)."""
+    with rtnl(netns_path) as ns:
+        found = ns.link_lookup(ifname=ifname)
+        if not found:
+            raise LinkError(f"no {ifname} in {netns_path}")
+        link = ns.get_links(found[0])[0]
+        return found[0], int(link.get_attr("IFLA_LINK"))
+
+
+def shape_device(netns_path: str, link: LinkPlan, features: KernelFeatures, ifname: str = "eth0") -> None:
+    """Shape both directions of a device's link: uplink inside its namespace, downlink on the host."""
+    inner, outer = peer_index(netns_path, ifname)
+    with rtnl(netns_path) as ns:
+        shape_egress(ns, inner, rate_bps=link.uplink_bps, delay_s=link.delay_s, jitter_s=link.jitter_s, loss=link.loss, features=features)
+    with rtnl() as host:
+        shape_egress(host, outer, rate_bps=link.downlink_bps, delay_s=link.delay_s, jitter_s=link.jitter_s, loss=link.loss, features=features)
+    if not features.netem and features.iptables_statistic:
+        set_loss(netns_path, link.loss, ifname)
+
+
+def _iptables(netns_path: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(["nsenter", f"--net={netns_path}", "iptables", "-w", *args], capture_output=True, text=True, timeout=30)
+    if check and done.returncode != 0:
+        raise LinkError(f"iptables {' '.join(args)} in {netns_path}: {done.stderr.strip()}")
+    return done
+
+
+def _reset_chain(netns_path: str, chain: str) -> None:
+    """Make ``chain`` exist, empty, and hooked into INPUT and OUTPUT exactly once."""
+    if _iptables(netns_path, "-N", chain, check=False).returncode != 0:
+        _iptables(netns_path, "-F", chain)
+    for hook in ("INPUT", "OUTPUT"):
+        if _iptables(netns_path, "-C", hook, "-j", chain, check=False).returncode != 0:
+            _iptables(netns_path, "-I", hook, "1", "-j", chain)
+
+
+def set_loss(netns_path: str, loss: float, ifname: str = "eth0") -> None:
+    """Drop each packet in each direction with probability ``loss`` (iptables statistic match)."""
+    chain = IPTABLES_CHAINS["loss"]
+    _reset_chain(netns_path, chain)
+    if loss > 0:
+        p = f"{loss:.6f}"
+        _iptables(netns_path, "-A", chain, "-o", ifname, "-m", "statistic", "--mode", "random", "--probability", p, "-j", "DROP")
+        _iptables(netns_path, "-A", chain, "-i", ifname, "-m", "statistic", "--mode", "random", "--probability", p, "-j", "DROP")
+
+
+def set_partition(netns_path: str, cut: bool, ifname: str = "eth0") -> None:
+    """Cut every packet in and out of the device's interface (a network partition), or restore it."""
+    chain = IPTABLES_CHAINS["partition"]
+    _reset_chain(netns_path, chain)
+    if cut:
+        _iptables(netns_path, "-A", chain, "-o", ifname, "-j", "DROP")
+        _iptables(netns_path, "-A", chain, "-i", ifname, "-j", "DROP")
+
+
+def interface_counters(index: int) -> tuple[int, int] | None:
+    """(rx_bytes, tx_bytes) of a host interface by index, from sysfs."""
+    import socket
+
+    try:
+        name = socket.if_indextoname(index)
+        base = f"/sys/class/net/{name}/statistics"
+        with open(f"{base}/rx_bytes") as rx, open(f"{base}/tx_bytes") as tx:
+            return int(rx.read()), int(tx.read())
+    except OSError:
+        return None
