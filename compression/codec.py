@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 
 from .layout import Layout
-from .parts import PART_KINDS, Part, PartError, WireFormat
+from .parts import KNOWN_FLAGS, PART_KINDS, Part, PartError, WireFormat
 
 FORMAT_VERSION = 1
 _HEAD = struct.Struct("<BH")
@@ -63,6 +63,8 @@ def decode(message: bytes | memoryview, layout: Layout) -> list[Part]:
         part_type = PART_KINDS.get(kind)
         if part_type is None:
             raise CodecError("bad_kind", f"unknown part kind {kind}")
+        if flags & ~KNOWN_FLAGS:
+            raise CodecError("bad_flags", f"unknown flag bits {flags & ~KNOWN_FLAGS:#04x}")
         try:
             parts.append(part_type.read(view[pos : pos + length], size, flags))
         except PartError as exc:

@@ -18,6 +18,7 @@ from . import elias_fano
 
 FLAG_F16_VALUES = 0x01
 FLAG_RAW32_INDICES = 0x02
+KNOWN_FLAGS = FLAG_F16_VALUES | FLAG_RAW32_INDICES  # any other bit: a format this reader does not know
 _F16_MAX = float(np.finfo(np.float16).max)
 
 
@@ -31,6 +32,10 @@ class WireFormat:
 
     values: str = "f32"  # "f32" | "f16"
     indices: str = "elias_fano"  # "elias_fano" | "raw32"
+
+    def __post_init__(self):
+        if self.values not in ("f32", "f16") or self.indices not in ("elias_fano", "raw32"):
+            raise ValueError(f"unknown wire format values={self.values!r} indices={self.indices!r}")
 
     @property
     def flags(self) -> int:
