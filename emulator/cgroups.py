@@ -63,6 +63,18 @@ class CpuGroup:
         else:
             (self.path / "cpu.max").write_text(f"{quota or 'max'} {PERIOD_US}")
 
+    def cpus(self) -> float | None:
+        """The quota in force, read back from the cgroup (None: unlimited)."""
+        if self.version == 1:
+            quota = int((self.path / "cpu.cfs_quota_us").read_text())
+            period = int((self.path / "cpu.cfs_period_us").read_text())
+        else:
+            text_quota, text_period = (self.path / "cpu.max").read_text().split()
+            if text_quota == "max":
+                return None
+            quota, period = int(text_quota), int(text_period)
+        return quota / period if quota > 0 else None
+
     def add(self, pid: int) -> None:
         (self.path / "cgroup.procs").write_text(str(pid))
 

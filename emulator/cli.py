@@ -53,8 +53,10 @@ def main():
 @click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False), help="Where run directories go.")
 @click.option("--run-id", default=None, help="Name of the run directory (default: time-name-random).")
 @click.option("--strict", is_flag=True, help="Abort when the fidelity check finds a property off by more than its tolerance.")
+@click.option("--tolerance", default=0.10, show_default=True, type=click.FloatRange(0, 1), help="Relative tolerance of the fidelity check.")
+@click.option("--no-fidelity", is_flag=True, help="Skip the fidelity check before training (saves a few seconds).")
 @click.option("--quiet", is_flag=True, help="No live progress lines.")
-def run(scenario_file, backend, overrides, out_root, run_id, strict, quiet):
+def run(scenario_file, backend, overrides, out_root, run_id, strict, tolerance, no_fidelity, quiet):
     """Run one scenario: devices up, train, record traces, tear down."""
     from .backends import BackendUnavailable, choose
     from .controller import Emulation
@@ -70,7 +72,7 @@ def run(scenario_file, backend, overrides, out_root, run_id, strict, quiet):
     emulation = Emulation(
         plan, backend_cls(say=_say), rundir, scenario_text=Path(scenario_file).read_text(),
         resolved={"scenario": scenario.model_dump(mode="json", by_alias=True), "overrides": list(overrides)},
-        say=_say, progress_every_s=0 if quiet else 2.0, strict=strict,
+        say=_say, progress_every_s=0 if quiet else 2.0, strict=strict, check_fidelity=not no_fidelity, tolerance=tolerance,
     )
     try:
         summary = emulation.run()
@@ -166,6 +168,34 @@ def clean(run_id):
     click.echo(f"removed {len(removed)} resource(s)")
     for item in removed:
         click.echo(f"  {item}")
+
+
+@main.group()
+def images():
+    """The runtime image every device runs (built with no registry and no network in the build)."""
+
+
+@images.command("build")
+@click.option("--force", is_flag=True, help="Rebuild even if the tag exists.")
+def images_build(force):
+    """Build the runtime image if it is missing (base, wheels, code layer)."""
+    from . import images as image_lib
+    from .backends.docker import client
+
+    try:
+        tag = image_lib.ensure_runtime_image(client(), force=force, progress=_say)
+    except image_lib.ImageBuildError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    click.echo(tag)
+
+
+@images.command("status")
+def images_status():
+    """Which base and runtime image exist, and whether the runtime image matches the code."""
+    from . import images as image_lib
+
+    click.echo(json.dumps(image_lib.image_status(), indent=1))
 
 
 @main.command()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from . import datasets
+from . import datasets, fidelity
 from .backends import Backend, Endpoints, RunContext
 from .collector import Collector
 from .plan import DevicePlan, EventPlan, LinkPlan, Plan
@@ -31,6 +31,11 @@ FINAL_EVAL_TIMEOUT_S = 300.0
 BOOT_TIMEOUT_S = 600.0
 TICK_S = 0.1
 READY_EVENTS = {"listening", "worker_ready", "evaluator_ready"}
+PROBE_BATCH = 16
+
+
+class FidelityError(RuntimeError):
+    """The emulation measurably differs from the plan and the run was asked to be strict."""
 
 
 def cache_dir() -> Path:
@@ -57,6 +62,7 @@ class LiveState:
     ready: set = field(default_factory=set)
     newly_ready: list = field(default_factory=list)
     training_started: threading.Event = field(default_factory=threading.Event)
+    probes: dict = field(default_factory=dict)  # device -> merged fidelity measurements
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def observe(self, stream: str, records: list[dict]) -> None:
@@ -74,6 +80,9 @@ class LiveState:
                     self.accuracy = r
                     if r.get("final"):
                         self.final_accuracy = r
+            elif stream == "fidelity":
+                for r in records:
+                    self.probes.setdefault(r.get("source"), {}).update(r)
             elif stream == "rejections":
                 late = sum(1 for r in records if r.get("reason") == "late")
                 self.late_updates += late
@@ -96,13 +105,15 @@ class LiveState:
 class Emulation:
     """Run one plan on one backend; :meth:`run` returns the summary written to ``summary.json``."""
 
-    def __init__(self, plan: Plan, backend: Backend, rundir: RunDirectory, *, scenario_text: str = "", resolved: dict | None = None, say: Callable[[str], None] | None = None, progress_every_s: float = 2.0, strict: bool = False):
+    def __init__(self, plan: Plan, backend: Backend, rundir: RunDirectory, *, scenario_text: str = "", resolved: dict | None = None, say: Callable[[str], None] | None = None, progress_every_s: float = 2.0, strict: bool = False, check_fidelity: bool = True, tolerance: float = 0.10):
         self.plan = plan
         self.backend = backend
         self.rundir = rundir
         self.say = say or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.progress_every_s = progress_every_s
         self.strict = strict
+        self.fidelity = check_fidelity
+        self.tolerance = tolerance
         self.state = LiveState()
         self.token = secrets.token_bytes(16)
         self.links: dict[str, LinkPlan] = {d.name: d.link for d in plan.devices}
@@ -237,6 +248,55 @@ class Emulation:
             if device.name not in self.down:
                 self.backend.set_cpus(device, self.cpus[device.name])
 
+    def _probe(self, batches: list[list[DevicePlan]], command, key: str, timeout_s: float) -> None:
+        """Send probe commands batch by batch; wait for each batch's ``key`` measurement."""
+        for batch in batches:
+            for device in batch:
+                self.collector.send(device.name, command(device))
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                with self.state.lock:
+                    if all(key in self.state.probes.get(d.name, {}) for d in batch):
+                        break
+                time.sleep(TICK_S)
+
+    def _check_fidelity(self) -> None:
+        """Measure every worker's link and CPU share, read back every quota, compare with the plan."""
+        started = time.monotonic()
+        workers = list(self.plan.workers)
+        self._probe([workers[i:i + PROBE_BATCH] for i in range(0, len(workers), PROBE_BATCH)],
+                    lambda d: fidelity.probe_request(d, self.plan.server, 0.0), "rtt_s", 120.0)
+        budget = max(0.5, 0.75 * (os.cpu_count() or 1))
+        cpu_batches, batch, load = [], [], 0.0
+        for device in workers:
+            share = min(device.cpus, 1.0)
+            if batch and load + share > budget:
+                cpu_batches.append(batch)
+                batch, load = [], 0.0
+            batch.append(device)
+            load += share
+        if batch:
+            cpu_batches.append(batch)
+        self._probe(cpu_batches, lambda d: {"cmd": "probe", "cpu_s": 1.0}, "cpu_share", 30.0)
+        quotas = {d.name: self.backend.cpu_quota(d) for d in self.plan.devices}
+        with self.state.lock:
+            measured = {name: dict(values) for name, values in self.state.probes.items()}
+        mechanisms = {d.name: self.backend.mechanisms(d) for d in self.plan.devices}
+        report = fidelity.compare(self.plan, measured, quotas, self.tolerance, mechanisms)
+        report["seconds"] = round(time.monotonic() - started, 3)
+        report["mechanisms"] = mechanisms
+        self.rundir.write_json("fidelity.json", report)
+        problems = fidelity.describe(report)
+        self.event("fidelity_checked", ok=report["ok"], failures=len(problems), seconds=report["seconds"])
+        if problems:
+            self.say(f"fidelity: {len(problems)} propert{'y' if len(problems) == 1 else 'ies'} off by more than {self.tolerance:.0%}:")
+            for line in problems[:20]:
+                self.say(f"  {line}")
+            if self.strict:
+                raise FidelityError(f"fidelity check failed (--strict): {'; '.join(problems[:5])}")
+        else:
+            self.say(f"fidelity: every measured property within {self.tolerance:.0%} ({report['seconds']:.1f}s)")
+
     def _last_error(self, device: str) -> str:
         time.sleep(0.5)  # its error event may still be on its way
         with self.state.lock:
@@ -263,6 +323,8 @@ class Emulation:
                 self.say(f"[boot {format_duration(self.now()):>6}] {len(names) - len(missing)}/{len(names)} devices ready")
                 last_say = time.monotonic()
             time.sleep(TICK_S)
+        if self.fidelity:
+            self._check_fidelity()
         self._sample()
         self.net_marks["start"] = dict(self.net_last)
         self.collector.send("server", {"cmd": "start"})

@@ -496,8 +496,21 @@ def ensure_runtime_image(client=None, *, force: bool = False, progress: Progress
         progress(f"[build] {tag} built in {time.monotonic() - build_started:.1f} s")
     finally:
         shutil.rmtree(context, ignore_errors=True)
+    _remove_older_runtimes(client, keep=tag, progress=progress)
     last_build = {"tag": tag, "base": base, "built": True, "seconds": time.monotonic() - started}
     return tag
+
+
+def _remove_older_runtimes(client, keep: str, progress: Progress) -> None:
+    """Untag runtime images of older code (they differ only in the code layer); skip those in use."""
+    for image in client.images.list(name=RUNTIME_REPO, filters={"label": f"{LABEL}=1"}):
+        for ref in image.tags:
+            if ref.startswith(RUNTIME_REPO + ":") and ref != keep:
+                try:
+                    client.images.remove(ref)
+                except Exception:  # noqa: BLE001 - in use by a container: keep it
+                    continue
+                progress(f"[build] removed the older {ref}")
 
 
 def image_status(client=None) -> dict:

@@ -199,9 +199,12 @@ def test_code_change_rebuilds_only_the_code_layer(client, runtime_image, tree, m
     init = tree / "compression" / "__init__.py"
     init.write_text(init.read_text() + "\n# edited by test_images\n")
     monkeypatch.setattr(images, "_SOURCE_ROOT", tree)
+    pruned = []
+    monkeypatch.setattr(images, "_remove_older_runtimes", lambda client, keep, progress: pruned.append(keep))
     new = None
     try:
         new = images.ensure_runtime_image(client, progress=lambda line: None)
+        assert pruned == [new]  # a fresh build prunes older code images (kept here for the comparison)
         assert new != tag
         assert images.last_build is not None and images.last_build["built"] is True
         old_layers = client.images.get(tag).attrs["RootFS"]["Layers"]
@@ -363,3 +366,19 @@ def test_failed_debootstrap_removes_its_tree(monkeypatch, tmp_path):
     assert target.parent == tmp_path and target.name.startswith("rootfs-")
     assert not target.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fake-debootstrap", "target.log"]
+
+
+def test_a_new_build_untags_older_runtime_images_but_not_busy_ones():
+    pytest.importorskip("docker")
+    fake = _FakeImages(
+        [
+            _FakeImage("sha256:new", ["edge-emulator/runtime:222222222222"], "runtime"),
+            _FakeImage("sha256:old", ["edge-emulator/runtime:111111111111"], "runtime"),
+            _FakeImage("sha256:busy", ["edge-emulator/runtime:000000000000"], "runtime"),
+        ],
+        fail={"edge-emulator/runtime:000000000000"},
+    )
+    said = []
+    images._remove_older_runtimes(_FakeClient(fake), keep="edge-emulator/runtime:222222222222", progress=said.append)
+    assert fake.removed == ["edge-emulator/runtime:111111111111"]
+    assert len(said) == 1 and "111111111111" in said[0]

@@ -108,6 +108,10 @@ class Backend(ABC):
     @abstractmethod
     def alive(self, device: DevicePlan) -> bool: ...
 
+    def cpu_quota(self, device: DevicePlan) -> float | None:
+        """The CPU quota in force for the device, read back from the system (None: not enforced)."""
+        return None
+
     def sample(self) -> list[dict]:
         """Per-device counters now (cpu, memory, interface bytes) for the stats and net streams."""
         return []

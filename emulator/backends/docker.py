@@ -211,6 +211,11 @@ class DockerBackend(Backend):
         quota = max(1000, int(cpus * CPU_PERIOD_US))
         self.docker.api.update_container(self.containers[device.name].id, cpu_period=CPU_PERIOD_US, cpu_quota=quota)
 
+    def cpu_quota(self, device):
+        info = self.docker.api.inspect_container(self.containers[device.name].id)["HostConfig"]
+        quota, period = info.get("CpuQuota") or 0, info.get("CpuPeriod") or CPU_PERIOD_US
+        return quota / period if quota > 0 else None
+
     def set_link(self, device, link: LinkPlan):
         links.shape_device(self._netns(device.name), link, self.features)
 

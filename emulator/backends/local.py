@@ -122,6 +122,10 @@ class LocalBackend(Backend):
         if group is not None:
             group.set_cpus(cpus)
 
+    def cpu_quota(self, device):
+        group = self.groups.get(device.name)
+        return None if group is None else group.cpus()
+
     def set_link(self, device, link: LinkPlan):
         pass  # everything is in the transport
 

@@ -21,12 +21,12 @@ import numpy as np
 import compression
 from compression.layout import Layout
 
-from . import protocol, rules
+from . import probe, protocol, rules
 from .bootstrap import load_config, start
 from .models import initial_parameters
 from .protocol import Flag, MsgType, ProtocolError
 from .telemetry import Telemetry
-from .transport import Channel, TransportShaper
+from .transport import Channel, TransportShaper, tune
 
 MAX_WAIT_MS = 600_000
 
@@ -40,7 +40,9 @@ class ParameterServer:
         self.params = initial_parameters(self.layout, cfg["seed"])
         self.rule = rules.build(cfg["rule"], self.layout, cfg["learning_rate"])
         self.max_updates = cfg.get("max_updates")
-        self.max_body = self.layout.total * 4 + 64 * len(self.layout) + 1024
+        # The largest valid update: every coordinate as a raw32 index and an f32 value (8 B);
+        # a sparse part can be larger than a dense one (topk at c = 1, or c > 0.5 with raw32).
+        self.max_body = self.layout.total * 8 + 64 * len(self.layout) + 1024
         self.shaper = TransportShaper.from_config(cfg.get("transport"))
         self.version = 0
         self.training = threading.Event()  # set by the controller's "start" once every device is up
@@ -49,6 +51,7 @@ class ParameterServer:
         self._snapshot: tuple[int, bytes] | None = None
         self._traffic: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
         self.rejections: collections.Counter = collections.Counter()
+        self._owners: dict[int, Channel] = {}  # worker id -> its latest connection
         self.started = time.monotonic()
         self.tel.on_control(self.control)
 
@@ -79,7 +82,8 @@ class ParameterServer:
             self.shaper.update(command.get("transport", {}))
 
     def reject(self, reason: str, worker: int, detail: str = "") -> None:
-        self.rejections[reason] += 1
+        with self.cond:  # called from many connection threads, some outside the lock
+            self.rejections[reason] += 1
         self.tel.record("rejections", reason=reason, worker=worker, detail=detail[:200])
 
     # -- request handling -----------------------------------------------------------------
@@ -138,6 +142,25 @@ class ParameterServer:
         with self.cond:
             self._traffic[worker][2] += sent
 
+    def answer_probe(self, channel: Channel) -> None:
+        """Fidelity probes (before or during training): echo, measure an upload, send a download."""
+        header = channel.recv_header()
+        if header.type != MsgType.PROBE:
+            raise ProtocolError("unexpected", f"{header.type.name} on a probe connection")
+        if header.t0 == probe.MODE_UP:
+            seconds, rate = probe.timed_read(channel.io, header.length)
+            channel.after_receive()
+            reply = {"bytes": header.length, "seconds": seconds, "rate_bps": rate}
+            channel.send(MsgType.PROBE_REPLY, protocol.json_body(reply))
+            return
+        body = protocol.recv_exact(channel.io, header.length) if header.length else b""
+        channel.after_receive()
+        if header.t0 == probe.MODE_DOWN:
+            wanted = int.from_bytes(bytes(body[:4]), "little") if len(body) >= 4 else 0
+            channel.send(MsgType.PROBE_REPLY, bytes(min(wanted, self.max_body)))
+        else:
+            channel.send(MsgType.PROBE_REPLY)
+
     def serve_connection(self, sock: socket.socket, peer) -> None:
         channel = Channel(sock, self.token, self.shaper, self.max_body)
         worker = protocol.NO_WORKER
@@ -149,11 +172,21 @@ class ParameterServer:
             hello = protocol.parse_json(body, "hello")
             role = hello.get("role")
             if role == "worker":
-                worker = int(hello["worker"])
+                try:
+                    worker = int(hello["worker"])
+                except (KeyError, TypeError, ValueError):
+                    raise ProtocolError("bad_hello", f"worker id {hello.get('worker')!r}") from None
+                if not 0 <= worker < protocol.NO_WORKER:
+                    raise ProtocolError("bad_hello", f"worker id {worker} out of range")
+                with self.cond:
+                    self._owners[worker] = channel  # a restarted worker supersedes its old connection
             channel.worker = worker
             self.tel.event("connected", role=role, worker=worker, incarnation=hello.get("incarnation"), peer=f"{peer[0]}:{peer[1]}")
             channel.send(MsgType.WELCOME, protocol.json_body({"version": self.version, "layout": self.layout.to_json()}))
             while True:
+                if role == "probe":
+                    self.answer_probe(channel)
+                    continue
                 header, body = channel.recv(keep_buffer=True)
                 if header.type == MsgType.PUSH:
                     if worker == protocol.NO_WORKER:
@@ -185,7 +218,9 @@ class ParameterServer:
             channel.close()
             if worker != protocol.NO_WORKER:
                 with self.cond:
-                    self.rule.forget(worker)
+                    if self._owners.get(worker) is channel:  # not if a newer connection took over
+                        del self._owners[worker]
+                        self.rule.forget(worker)
                 self.tel.event("disconnected", worker=worker, pending=awaiting_push and not self.done)
 
     # -- main loops -----------------------------------------------------------------------
@@ -197,9 +232,10 @@ class ParameterServer:
             with self.cond:
                 traffic, self._traffic = self._traffic, collections.defaultdict(lambda: [0, 0, 0])
                 version, done = self.version, self.done
+                rejections = dict(self.rejections)
             for worker, (ingress, pushes, egress) in sorted(traffic.items()):
                 self.tel.record("traffic", worker=worker, ingress_bytes=ingress, pushes=pushes, egress_bytes=egress)
-            self.tel.record("server", version=version, done=done, rejections=dict(self.rejections))
+            self.tel.record("server", version=version, done=done, rejections=rejections)
 
     def serve(self) -> None:
         host, port = self.cfg["bind"]
@@ -208,7 +244,7 @@ class ParameterServer:
         threading.Thread(target=self.report_traffic, daemon=True, name="traffic").start()
         while True:
             sock, peer = listener.accept()
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tune(sock)
             threading.Thread(target=self.serve_connection, args=(sock, peer), daemon=True).start()
 
 

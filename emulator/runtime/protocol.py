@@ -32,6 +32,8 @@ class MsgType(enum.IntEnum):
     MODEL = 4  # server -> device: t0 = version; body = float32 parameters
     PUSH = 5  # worker -> server: t0 = version the gradient was computed on; body = codec message
     REJECT = 6  # server -> device: JSON {reason}
+    PROBE = 7  # device -> server: t0 = mode (1 up: body is the bulk; 2 down: body u32 bytes wanted; 3 ping)
+    PROBE_REPLY = 8  # server -> device: up: JSON {bytes, seconds, rate_bps}; down: the bulk; ping: empty
     TRACE = 16  # device -> controller: JSON {stream, records}
     CONTROL = 17  # controller -> device: JSON command
 

@@ -140,20 +140,42 @@ class Channel:
 
     def recv(self, keep_buffer: bool = False) -> tuple[protocol.Header, memoryview]:
         """Next frame; with ``keep_buffer`` the body reuses one buffer (valid until the next recv)."""
-        header, body = protocol.recv_frame(self.io, self.token, self.max_body, self._buffer if keep_buffer else None)
+        header = self.recv_header()
+        if header.length:
+            body = protocol.recv_exact(self.io, header.length, self._buffer if keep_buffer else None)
+        else:
+            body = memoryview(b"")
         if keep_buffer and len(self._buffer) < header.length:
             self._buffer = body.obj if isinstance(body.obj, bytearray) else bytearray(body)
+        self.after_receive()
+        return header, body
+
+    def recv_header(self) -> protocol.Header:
+        """The next frame's header only (checked); the caller reads exactly ``length`` body bytes."""
+        header = protocol.parse_header(protocol.recv_exact(self.io, protocol.HEADER.size), self.token, self.max_body)
         self.bytes_received += protocol.HEADER.size + header.length
+        return header
+
+    def after_receive(self) -> None:
+        """The link's one-way delay, applied once a whole frame has arrived."""
         delay = self.shaper.one_way_delay()
         if delay:
             time.sleep(delay)
-        return header, body
 
     def close(self) -> None:
         try:
             self.sock.close()
         except OSError:
             pass
+
+
+def tune(sock: socket.socket) -> None:
+    """No Nagle delay on small frames; keepalives so a peer lost behind a partition is noticed."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 6)):
+        if hasattr(socket, option):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 def connect(address: tuple[str, int], *, timeout_s: float = 60.0, what: str = "peer") -> socket.socket:
@@ -164,7 +186,7 @@ def connect(address: tuple[str, int], *, timeout_s: float = 60.0, what: str = "p
         try:
             sock = socket.create_connection(tuple(address), timeout=10)
             sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            tune(sock)
             return sock
         except OSError as exc:
             if time.monotonic() + wait > deadline:

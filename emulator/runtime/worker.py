@@ -9,6 +9,7 @@ Run as ``python -m emulator.runtime.worker`` with the config in ``$EMU_CONFIG``.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 import numpy as np
@@ -16,7 +17,7 @@ import numpy as np
 import compression
 from compression.layout import Layout
 
-from . import protocol
+from . import probe, protocol
 from .bootstrap import limit_threads, run_device
 from .data import BatchSampler, load_shard
 from .protocol import Flag, MsgType
@@ -64,11 +65,30 @@ def run(cfg: dict, tel) -> int:
     compressor, wire = build_compressor(cfg["method"], layout, seed)
     sampler = BatchSampler(x, y, cfg["batch_size"], seed)
     shaper = TransportShaper.from_config(cfg.get("transport"), seed)
-    tel.on_control(lambda c: shaper.update(c.get("transport", {})) if c.get("cmd") == "shape" else None)
+    token = bytes.fromhex(cfg["token"])
+
+    def run_probe(command: dict) -> None:
+        try:
+            record = {}
+            if command.get("up_bytes"):
+                record.update(probe.measure_link(cfg["ps"], token, shaper, up_bytes=command["up_bytes"], down_bytes=command["down_bytes"]))
+            if command.get("cpu_s"):
+                record["cpu_share"] = probe.measure_cpu(command["cpu_s"])
+            tel.record("fidelity", worker=index, **record)
+        except (OSError, protocol.ProtocolError) as exc:
+            tel.event("error", reason="probe_failed", detail=str(exc))
+
+    def on_control(command: dict) -> None:
+        if command.get("cmd") == "shape":
+            shaper.update(command.get("transport", {}))
+        elif command.get("cmd") == "probe":
+            threading.Thread(target=run_probe, args=(command,), daemon=True, name="probe").start()
+
+    tel.on_control(on_control)
     splits = np.array(layout.offsets[1:])
 
     sock = connect(tuple(cfg["ps"]), timeout_s=cfg.get("connect_timeout_s", 120), what="parameter server")
-    channel = Channel(sock, bytes.fromhex(cfg["token"]), shaper, layout.total * 4 + 4096, worker=index)
+    channel = Channel(sock, token, shaper, layout.total * 4 + 4096, worker=index)
     channel.send(MsgType.HELLO, protocol.json_body({"role": "worker", "worker": index, "incarnation": cfg.get("incarnation", 0)}))
     header, body = channel.recv()
     welcome = protocol.parse_json(body, "welcome")

@@ -1,0 +1,80 @@
+"""Fidelity probes: measure a device's link and CPU share as the device experiences them.
+
+Before training the controller asks each worker to measure its uplink and downlink with a
+bulk transfer to and from the server, its round-trip time with small frames, and the CPU
+share a busy loop gets under its quota. Rates are taken over the second half of each
+transfer, so the token buckets' initial bursts do not inflate them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from . import protocol
+from .protocol import MsgType
+from .transport import Channel, TransportShaper, connect
+
+CHUNK = 16 * 1024
+MODE_UP, MODE_DOWN, MODE_PING = 1, 2, 3
+
+
+def timed_read(io, size: int) -> tuple[float, float]:
+    """Read ``size`` bytes; returns (seconds in all, bits/s over the second half of the bytes)."""
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    got, start = 0, time.perf_counter()
+    half_at = half_bytes = None
+    while got < size:
+        n = io.recv_into(view, min(CHUNK, size - got))
+        if n == 0:
+            raise protocol.PeerClosed("closed during a probe")
+        got += n
+        if half_at is None and got >= size / 2:
+            half_at, half_bytes = time.perf_counter(), got
+    end = time.perf_counter()
+    if half_at is None or end <= half_at:
+        return end - start, float("nan")
+    return end - start, (got - half_bytes) * 8 / (end - half_at)
+
+
+def probe_sizes(rate_bps: float | None, seconds: float = 2.0) -> int:
+    """Bytes for a transfer of about ``seconds`` at ``rate_bps`` (8 MiB when unshaped)."""
+    if not rate_bps:
+        return 8 << 20
+    return int(min(8 << 20, max(128 << 10, rate_bps / 8 * seconds)))
+
+
+def measure_link(address, token: bytes, shaper: TransportShaper, *, up_bytes: int, down_bytes: int, pings: int = 7) -> dict:
+    """Round-trip time, then uplink and downlink rate, over a connection of its own."""
+    channel = Channel(connect(tuple(address), what="parameter server"), token, shaper, max_body=max(up_bytes, down_bytes) + 4096)
+    try:
+        channel.send(MsgType.HELLO, protocol.json_body({"role": "probe"}))
+        channel.recv()
+        rtts = []
+        for _ in range(pings):
+            start = time.perf_counter()
+            channel.send(MsgType.PROBE, t0=MODE_PING)
+            channel.recv()
+            rtts.append(time.perf_counter() - start)
+        channel.send(MsgType.PROBE, bytes(up_bytes), t0=MODE_UP)
+        _, body = channel.recv()
+        up = protocol.parse_json(body, "probe reply")
+        channel.send(MsgType.PROBE, down_bytes.to_bytes(4, "little"), t0=MODE_DOWN)
+        header = channel.recv_header()
+        _, down_rate = timed_read(channel.io, header.length)
+        channel.after_receive()
+        return {"rtt_s": statistics.median(rtts), "uplink_bps": up["rate_bps"], "downlink_bps": down_rate,
+                "up_bytes": up_bytes, "down_bytes": down_bytes}
+    finally:
+        channel.close()
+
+
+def measure_cpu(seconds: float = 1.0) -> float:
+    """Share of one core a busy loop gets (process CPU time / wall time)."""
+    wall0, cpu0 = time.perf_counter(), time.thread_time()
+    x = 0
+    while time.perf_counter() - wall0 < seconds:
+        for _ in range(10_000):
+            x += 1
+    return (time.thread_time() - cpu0) / (time.perf_counter() - wall0)
