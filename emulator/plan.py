@@ -10,6 +10,7 @@ impossible schedule (resume a worker that is not paused) is refused before anyth
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from dataclasses import asdict, dataclass, field
 
@@ -19,6 +20,7 @@ from . import methods
 from .scenario import BOUNDS, Problem, Scenario, ScenarioError, TimedEvent, resolve_targets
 
 DEFAULT_HORIZON_S = 3600.0
+MAX_RANDOM_CRASHES = 100_000
 
 
 @dataclass(frozen=True)
@@ -137,26 +139,35 @@ def _workers(s: Scenario, problems: list[Problem]) -> list[DevicePlan]:
     return out
 
 
-def _random_crashes(s: Scenario, horizon: float) -> list[EventPlan]:
+def _random_crashes(s: Scenario, horizon: float, problems: list[Problem]) -> list[tuple[EventPlan, EventPlan | None]]:
+    """Per worker, (crash, restart or None) pairs; None: the worker stays down to the horizon."""
     crash = s.faults.crash
     if crash is None or crash.rate_per_hour <= 0:
         return []
-    events = []
+    targets = resolve_targets(crash.workers, s)
+    expected = crash.rate_per_hour * horizon / 3600.0 * len(targets)
+    if expected > MAX_RANDOM_CRASHES:
+        problems.append(Problem("faults.crash.rate_per_hour", (
+            f"about {expected:,.0f} random crashes over the {horizon:g}s horizon; at most {MAX_RANDOM_CRASHES:,} "
+            "(lower the rate or faults.horizon)")))
+        return []
+    pairs = []
     mean_gap = 3600.0 / crash.rate_per_hour
-    for index in resolve_targets(crash.workers, s):
+    for index in targets:
         rng = _stream(s.seed, 1, index)
         t = 0.0
         while True:
             t += float(rng.exponential(mean_gap))
             if t >= horizon:
                 break
-            events.append(EventPlan(round(t, 3), "crash", worker_name(index), {}, "random"))
+            down = EventPlan(round(t, 3), "crash", worker_name(index), {}, "random")
             if crash.restart_after is None:
+                pairs.append((down, None))
                 break
             t += crash.restart_after
-            if t < horizon:
-                events.append(EventPlan(round(t, 3), "restart", worker_name(index), {}, "random"))
-    return events
+            up = EventPlan(round(t, 3), "restart", worker_name(index), {}, "random") if t < horizon else None
+            pairs.append((down, up))
+    return pairs
 
 
 _UNDO = {"pause": "resume", "partition": "heal"}
@@ -164,28 +175,51 @@ _UNDO = {"pause": "resume", "partition": "heal"}
 
 def _scheduled(s: Scenario, workers: list[DevicePlan]) -> list[tuple[EventPlan, str]]:
     """Explicit events, expanded ('for' adds the undo), each with the path it came from."""
+    before = _values_before(s, workers)
     out = []
     for i, event in enumerate(s.faults.at):
         path = f"faults.at[{i}]"
         for index in resolve_targets(event.targets, s):
             name = worker_name(index)
-            out.extend((e, path) for e in _expand(event, name, workers[index]))
+            out.extend((e, path) for e in _expand(event, name, before.get((i, index), {})))
     return out
 
 
-def _expand(event: TimedEvent, name: str, device: DevicePlan) -> list[EventPlan]:
+def _change(event: TimedEvent) -> dict:
+    """What a cpus or link event sets, keyed as the plan's fields (``cpus``, ``uplink_bps``...)."""
+    if event.action == "cpus":
+        return {"cpus": event.cpus}
+    return {f"{k}{_unit(k)}": v for k, v in event.link.model_dump().items() if v is not None}
+
+
+def _values_before(s: Scenario, workers: list[DevicePlan]) -> dict[tuple[int, int], dict]:
+    """For each cpus/link event and target worker, the values in effect just before it: what its
+    'for' restores (earlier changes and their undos included, in time order)."""
+    current = {w.index: {"cpus": w.cpus, **asdict(w.link)} for w in workers}
+    queue: list[tuple[float, int, int, int, dict]] = []  # time, event, 0 change / 1 undo, worker, values
+    for i, event in enumerate(s.faults.at):
+        if event.action in ("cpus", "link"):
+            for index in resolve_targets(event.targets, s):
+                queue.append((event.time, i, 0, index, _change(event)))
+    heapq.heapify(queue)
+    before: dict[tuple[int, int], dict] = {}
+    while queue:
+        t, i, undo, index, values = heapq.heappop(queue)
+        if not undo:
+            before[(i, index)] = {k: current[index][k] for k in values}
+            duration = s.faults.at[i].duration
+            if duration:
+                heapq.heappush(queue, (t + duration, i, 1, index, before[(i, index)]))
+        current[index].update(values)
+    return before
+
+
+def _expand(event: TimedEvent, name: str, before: dict) -> list[EventPlan]:
     action, t = event.action, event.time
-    if action == "cpus":
-        events = [EventPlan(t, "cpus", name, {"cpus": event.cpus})]
+    if action in ("cpus", "link"):
+        events = [EventPlan(t, action, name, _change(event))]
         if event.duration:
-            events.append(EventPlan(t + event.duration, "cpus", name, {"cpus": device.cpus}))
-        return events
-    if action == "link":
-        change = {f"{k}{_unit(k)}": v for k, v in event.link.model_dump().items() if v is not None}
-        events = [EventPlan(t, "link", name, change)]
-        if event.duration:
-            before = asdict(device.link)
-            events.append(EventPlan(t + event.duration, "link", name, {k: before[k] for k in change}))
+            events.append(EventPlan(t + event.duration, action, name, dict(before)))
         return events
     events = [EventPlan(t, action, name)]
     if action == "crash" and event.restart_after is not None:
@@ -199,44 +233,62 @@ def _unit(key: str) -> str:
     return {"uplink": "_bps", "downlink": "_bps", "delay": "_s", "jitter": "_s", "loss": ""}[key]
 
 
-# Which state an action needs, and the state it leaves.
+# Which state an action needs, and the state it leaves: the process (up/down/paused) and,
+# independently, the network (connected/partitioned).
 _TRANSITIONS = {
     "crash": ({"up", "paused"}, "down"),
     "restart": ({"down"}, "up"),
     "pause": ({"up"}, "paused"),
     "resume": ({"paused"}, "up"),
 }
+_NETWORK = {
+    "partition": ({"connected"}, "partitioned"),
+    "heal": ({"partitioned"}, "connected"),
+}
 
 
-def _check_and_merge(scheduled: list[tuple[EventPlan, str]], random_events: list[EventPlan], problems: list[Problem]) -> list[EventPlan]:
-    """Walk the timeline per worker; refuse impossible explicit events, drop random ones that clash."""
-    order = {"schedule": 0, "random": 1}
-    tagged = [(e, p) for e, p in scheduled] + [(e, None) for e in random_events]
-    tagged.sort(key=lambda ep: (ep[0].time_s, order[ep[0].source]))
+def _check_and_merge(
+    scheduled: list[tuple[EventPlan, str]], random_pairs: list[tuple[EventPlan, EventPlan | None]], problems: list[Problem]
+) -> list[EventPlan]:
+    """Refuse impossible explicit events; keep a random crash (and its restart) only where it clashes with none.
+
+    Explicit events are checked against explicit events alone, so random draws never make a valid
+    schedule fail. A random crash is kept when its worker is up (by the schedule) at the crash and
+    no explicit crash/restart/pause/resume of that worker falls while it is down.
+    """
+    scheduled = sorted(scheduled, key=lambda ep: ep[0].time_s)  # stable: file order at equal times
     state: dict[str, str] = {}
-    random_down: set[str] = set()
+    network: dict[str, str] = {}
+    changes: dict[str, list[tuple[float, str]]] = {}  # worker -> explicit (time, state after), in time order
     kept: list[EventPlan] = []
-    for event, path in tagged:
-        if event.action not in _TRANSITIONS:
+    for event, path in scheduled:
+        if event.action in _TRANSITIONS:
+            table, states, default = _TRANSITIONS, state, "up"
+        elif event.action in _NETWORK:
+            table, states, default = _NETWORK, network, "connected"
+        else:
             kept.append(event)
             continue
-        current = state.get(event.target, "up")
-        needs, leaves = _TRANSITIONS[event.action]
-        if event.source == "random":
-            if event.action == "restart" and event.target not in random_down:
-                continue  # its crash was dropped
-            if current not in needs or (event.action == "crash" and current == "paused"):
-                continue
-            if event.action == "crash":
-                random_down.add(event.target)
-            else:
-                random_down.discard(event.target)
-        elif current not in needs:
+        current = states.get(event.target, default)
+        needs, leaves = table[event.action]
+        if current not in needs:
             problems.append(Problem(path, f"{event.action} {event.target} at {event.time_s:g}s, but it is {current} then"))
             continue
-        state[event.target] = leaves
+        states[event.target] = leaves
+        if table is _TRANSITIONS:
+            changes.setdefault(event.target, []).append((event.time_s, leaves))
         kept.append(event)
-    return kept
+    for down, up in random_pairs:
+        timeline = changes.get(down.target, [])
+        before = [st for t, st in timeline if t < down.time_s]
+        end = up.time_s if up is not None else float("inf")
+        if (before[-1] if before else "up") != "up" or any(down.time_s <= t <= end for t, _ in timeline):
+            continue
+        kept.append(down)
+        if up is not None:
+            kept.append(up)
+    order = {"schedule": 0, "random": 1}
+    return sorted(kept, key=lambda e: (e.time_s, order[e.source]))
 
 
 def make_plan(s: Scenario) -> Plan:
@@ -248,10 +300,10 @@ def make_plan(s: Scenario) -> Plan:
     scheduled = _scheduled(s, workers)
     for event, path in scheduled:
         if s.training.duration and event.time_s > s.training.duration:
-            problems.append(Problem(path, f"at {event.time_s:g}s, after the run ends ({s.training.duration:g}s)"))
-    events = _check_and_merge(scheduled, _random_crashes(s, horizon), problems)
+            problems.append(Problem(path, f"{event.action} at {event.time_s:g}s, after the run ends ({s.training.duration:g}s)"))
+    events = _check_and_merge(scheduled, _random_crashes(s, horizon, problems), problems)
     if problems:
-        raise ScenarioError(problems)
+        raise ScenarioError(list(dict.fromkeys(problems)))  # one line for an event on many workers
     server = DevicePlan(
         "server", "server", -1, "server", s.server.cpus, s.server.memory,
         LinkPlan(s.server.uplink, s.server.downlink, s.server.delay, 0.0, 0.0), _device_seed(s.seed, 0, 0),

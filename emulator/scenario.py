@@ -9,7 +9,10 @@ per-device values can be distributions. Unknown keys are errors everywhere. The
 from __future__ import annotations
 
 import difflib
+import math
 import re
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union
@@ -21,9 +24,11 @@ from pydantic import (
     ConfigDict,
     Field,
     PositiveFloat,
+    PlainSerializer,
     PositiveInt,
     ValidationError,
     WithJsonSchema,
+    field_validator,
     model_validator,
 )
 
@@ -32,6 +37,8 @@ from . import units
 MAX_FILE_BYTES = 1 << 20
 MAX_EXPANDED_VALUES = 100_000
 MAX_WORKERS = 10_000
+MAX_DEPTH = 50
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -184,6 +191,8 @@ def _parse_distribution(parse: Callable[[Any], float], unit: Callable[[Any], flo
             low = high = None
             if "clip" in raw:
                 low, high = (parse(v) for v in _pair(raw["clip"], "clip"))
+                if low > high:
+                    raise ValueError(f"clip: low {low:g} is above high {high:g}")
             return Normal(mean, std, low, high)
         if "choice" in keys:
             _only(keys, {"choice", "weights"})
@@ -194,7 +203,8 @@ def _parse_distribution(parse: Callable[[Any], float], unit: Callable[[Any], flo
             if weights is not None:
                 if not isinstance(weights, list) or len(weights) != len(values):
                     raise ValueError("choice: weights must be a list as long as the values")
-                if any(not isinstance(w, (int, float)) or w < 0 for w in weights) or sum(weights) <= 0:
+                if (any(isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0 for w in weights)
+                        or not 0 < sum(weights) < math.inf):
                     raise ValueError("choice: weights must be non-negative numbers with a positive sum")
                 weights = tuple(float(w) for w in weights)
             return Choice(tuple(parse(v) for v in values), weights)
@@ -215,10 +225,30 @@ def _pair(value, what: str):
     return value
 
 
+def _dump_distribution(dist: Distribution):
+    """The scenario-file form (in base units), so that a dumped scenario loads again."""
+    if isinstance(dist, Fixed):
+        return dist.value
+    if isinstance(dist, PerDevice):
+        return list(dist.values)
+    if isinstance(dist, Uniform):
+        return {"uniform": [dist.low, dist.high]}
+    if isinstance(dist, Normal):
+        out: dict = {"normal": [dist.mean, dist.std]}
+        if dist.low is not None or dist.high is not None:
+            out["clip"] = [dist.low, dist.high]
+        return out
+    out = {"choice": list(dist.values)}
+    if dist.weights:
+        out["weights"] = list(dist.weights)
+    return out
+
+
 def distribution(parse: Callable[[Any], float], unit: Callable[[Any], float], description: str):
     return Annotated[
         Distribution,
         BeforeValidator(_parse_distribution(parse, unit)),
+        PlainSerializer(_dump_distribution, when_used="json"),
         WithJsonSchema({**_DIST_SCHEMA, "description": description}),
     ]
 
@@ -231,9 +261,12 @@ def _number(raw) -> float:
     if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
         raise ValueError(f"must be a number, got {raw!r}")
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         raise ValueError(f"must be a number, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"must be a finite number, got {raw!r}")
+    return value
 
 
 # Bounds every sampled value must meet; the planner checks draws against them too.
@@ -252,7 +285,7 @@ LossDist = distribution(BOUNDS["loss"], units.parse_fraction, "packet loss, e.g.
 Rate = quantity(_bounded(units.parse_rate, gt=0), "link rate, e.g. 100mbit")
 Duration = quantity(_bounded(units.parse_duration, ge=0), "duration, e.g. 30s, 250ms, 2min")
 PositiveDuration = quantity(_bounded(units.parse_duration, gt=0), "duration, e.g. 30s, 2min")
-Size = Annotated[int, BeforeValidator(units.parse_size), WithJsonSchema({"type": ["integer", "string"], "description": "bytes, e.g. 512m, 2g"})]
+Size = Annotated[int, BeforeValidator(_bounded(units.parse_size, gt=0)), WithJsonSchema({"type": ["integer", "string"], "description": "bytes, e.g. 512m, 2g"})]
 Fraction = quantity(units.parse_fraction, "fraction, e.g. 0.1% or 0.001")
 
 
@@ -279,8 +312,30 @@ Targets = Annotated[
 # -- the scenario ------------------------------------------------------------------------
 
 
+def _numeric_kind(annotation) -> str | None:
+    """'a number' or 'an integer' when a field takes numbers, else None."""
+    if annotation is float:
+        return "a number"
+    if annotation is int:
+        return "an integer"
+    args = typing.get_args(annotation)
+    if str in args:
+        return None  # e.g. worker targets: their own validator explains the choices
+    kinds = {_numeric_kind(arg) for arg in args} - {None}
+    return "a number" if "a number" in kinds else next(iter(kinds), None)
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value, info):
+        # pydantic would read true as 1; YAML reads yes/no/on/off as booleans too ("count: on").
+        kind = _numeric_kind(cls.model_fields[info.field_name].annotation) if isinstance(value, bool) else None
+        if kind:
+            raise ValueError(f"must be {kind}, got {value!r}")
+        return value
 
 
 class DatasetSpec(Strict):
@@ -376,7 +431,7 @@ class EvaluatorSpec(Strict):
 
 
 class WorkerGroup(Strict):
-    name: str | None = None
+    name: str | None = Field(None, pattern=NAME_PATTERN, description="a target for faults ('all' is taken)")
     count: int = Field(1, ge=1, le=MAX_WORKERS)
     cpus: Cpus = Fixed(1.0)
     memory: Size = units.parse_size("1g")
@@ -386,13 +441,20 @@ class WorkerGroup(Strict):
     jitter: DelayDist = Fixed(0.0)
     loss: LossDist = Fixed(0.0)
 
-    @model_validator(mode="after")
-    def _lists_match_count(self):
-        for field in ("cpus", "uplink", "downlink", "delay", "jitter", "loss"):
-            value = getattr(self, field)
-            if isinstance(value, PerDevice) and len(value.values) != self.count:
-                raise ValueError(f"{field}: a per-device list of {len(value.values)} values for count {self.count}")
-        return self
+    @field_validator("name")
+    @classmethod
+    def _not_all(cls, name):
+        if name == "all":
+            raise ValueError("'all' means every worker in fault targets; choose another group name")
+        return name
+
+    @field_validator("cpus", "uplink", "downlink", "delay", "jitter", "loss")
+    @classmethod
+    def _list_matches_count(cls, value, info):
+        count = info.data.get("count")  # absent when the count itself was refused
+        if isinstance(value, PerDevice) and count is not None and len(value.values) != count:
+            raise ValueError(f"a per-device list of {len(value.values)} values for count {count}")
+        return value
 
 
 class CrashProcess(Strict):
@@ -458,6 +520,14 @@ class Trigger(Strict):
     restart_after: Duration | None = None
     duration: PositiveDuration | None = Field(None, alias="for")
 
+    @model_validator(mode="after")
+    def _options_fit_the_action(self):
+        if self.restart_after is not None and self.action != "crash":
+            raise ValueError("restart_after goes with crash")
+        if self.duration is not None and self.action == "crash":
+            raise ValueError("'for' does not apply to crash; use restart_after")
+        return self
+
 
 class FaultsSpec(Strict):
     horizon: PositiveDuration | None = Field(None, description="how far ahead random faults are drawn (default: duration, else 1h)")
@@ -467,9 +537,9 @@ class FaultsSpec(Strict):
 
 
 class Scenario(Strict):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str = Field(min_length=1, pattern=NAME_PATTERN)
     description: str = ""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="the plan's random draws (the planner uses 32 bits)")
     model: str = Field("mnist_cnn", description="mnist_cnn | mlp")
     dataset: DatasetSpec = DatasetSpec()
     training: TrainingSpec
@@ -489,10 +559,10 @@ class Scenario(Strict):
 
 
 _MESSAGES = {
-    "greater_than": lambda e: f"must be > {e['ctx']['gt']}",
-    "greater_than_equal": lambda e: f"must be >= {e['ctx']['ge']}",
-    "less_than": lambda e: f"must be < {e['ctx']['lt']}",
-    "less_than_equal": lambda e: f"must be <= {e['ctx']['le']}",
+    "greater_than": lambda e: f"must be > {e['ctx']['gt']:g}",
+    "greater_than_equal": lambda e: f"must be >= {e['ctx']['ge']:g}",
+    "less_than": lambda e: f"must be < {e['ctx']['lt']:g}",
+    "less_than_equal": lambda e: f"must be <= {e['ctx']['le']:g}",
     "int_parsing": lambda e: "must be an integer",
     "int_from_float": lambda e: "must be a whole number",
     "int_type": lambda e: "must be an integer",
@@ -509,6 +579,7 @@ _MESSAGES = {
     "too_short": lambda e: f"needs at least {e['ctx']['min_length']} item(s)",
     "string_too_short": lambda e: "must not be empty",
     "string_pattern_mismatch": lambda e: "use letters, digits, '.', '_' and '-' (starting with a letter or digit)",
+    "finite_number": lambda e: "must be a finite number",
 }
 
 
@@ -518,8 +589,6 @@ def _field_names(model: type[BaseModel]) -> list[str]:
 
 def _model_at(loc: tuple) -> type[BaseModel] | None:
     """The model class that holds the field at ``loc`` (for 'did you mean' on unknown keys)."""
-    import typing
-
     current: Any = Scenario
     for part in loc:
         if isinstance(part, int):
@@ -532,7 +601,7 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
         ann = field.annotation
         while True:
             origin = typing.get_origin(ann)
-            if origin in (list, tuple, Union) or str(origin) == "types.UnionType":
+            if origin in (list, tuple, Union, types.UnionType):
                 ann = next((a for a in typing.get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)), None)
                 if ann is None:
                     return None
@@ -596,16 +665,55 @@ def _expanded_size(value, budget: int) -> int:
     return count
 
 
+class _Loader(yaml.SafeLoader):
+    """Safe YAML that refuses a key given twice in one mapping (plain YAML keeps the last, silently)
+    and nesting deeper than :data:`MAX_DEPTH` (PyYAML's scanner slows down quadratically with depth,
+    and its composer recurses: a file of a million '[' must be refused at once)."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {MAX_DEPTH} levels deep", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _mapping_without_duplicates(loader: _Loader, node: yaml.MappingNode):
+    seen = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # '<<: *defaults' may be overridden by the keys next to it
+        key = loader.construct_object(key_node)
+        try:
+            duplicate = key in seen
+            seen.add(key)
+        except TypeError:
+            continue  # unhashable: construct_mapping says so
+        if duplicate:
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
+    yield from loader.construct_yaml_map(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _mapping_without_duplicates)
+
+
 def parse_yaml(text: str, source: str = "") -> dict:
     if len(text.encode()) > MAX_FILE_BYTES:
         raise ScenarioError([Problem("", f"file larger than {MAX_FILE_BYTES // 1024} KiB")], source)
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ScenarioError([Problem("", f"not valid YAML: {where}{problem}")], source) from None
+    except RecursionError:
+        raise ScenarioError([Problem("", "not valid YAML: nested too deeply")], source) from None
     if data is None:
         raise ScenarioError([Problem("", "the file is empty")], source)
     if not isinstance(data, dict):
@@ -692,8 +800,8 @@ def apply_override(data: dict, assignment: str) -> None:
         raise ScenarioError([Problem("--set", f"expected key=value, got {assignment!r}")])
     path, raw_value = assignment.split("=", 1)
     try:
-        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
-    except yaml.YAMLError:
+        value = yaml.load(raw_value, Loader=_Loader) if raw_value.strip() else ""  # noqa: S506 - a SafeLoader
+    except (yaml.YAMLError, RecursionError):
         value = raw_value
     steps: list[str | int] = []
     for piece in path.strip().split("."):
@@ -702,53 +810,84 @@ def apply_override(data: dict, assignment: str) -> None:
             raise ScenarioError([Problem("--set", f"cannot parse key path {path!r} at {piece!r}")])
         steps.append(match.group(1))
         steps.extend(int(i) for i in re.findall(r"\[(\d+)\]", match.group(2)))
+
+    def fail(message: str):
+        raise ScenarioError([Problem(f"--set {path}", message)])
+
+    def check_key(i: int) -> None:
+        model = _model_at(tuple(steps[:i]))
+        if model is None or model is MethodSpec and i == len(steps) - 1:
+            return  # free-form here (method parameters are checked by the compressor)
+        names = _field_names(model)
+        if steps[i] not in names:
+            close = difflib.get_close_matches(str(steps[i]), names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f"; allowed: {', '.join(names)}"
+            fail(f"unknown key {format_path(tuple(steps[: i + 1]))!r}{hint}")
+
     node: Any = data
-    for i, step in enumerate(steps[:-1]):
-        here = format_path(tuple(steps[: i + 1]))
+    for i, step in enumerate(steps):
+        parent = format_path(tuple(steps[:i]))
+        last = i == len(steps) - 1
         if isinstance(step, int):
-            if not isinstance(node, list) or step >= len(node):
-                size = len(node) if isinstance(node, list) else 0
-                raise ScenarioError([Problem(f"--set {path}", f"{here}: index out of range (the list has {size} item(s))")])
-            node = node[step]
+            if not isinstance(node, list):
+                fail(f"{parent} is not a list")
+            if step >= len(node):
+                fail(f"index {step} is out of range: {parent} has {len(node)} item(s)")
         else:
             if not isinstance(node, dict):
-                raise ScenarioError([Problem(f"--set {path}", f"{here}: the parent is not a mapping")])
-            if step not in node:
-                model = _model_at(tuple(steps[: i]))
-                if model is not None and step not in _field_names(model):
-                    raise ScenarioError([Problem(f"--set {path}", f"unknown key {format_path(tuple(steps[: i + 1]))!r}")])
-                node[step] = {}
+                fail(f"{parent} is not a mapping")
+            check_key(i)
+            if not last and node.get(step) is None:
+                # an optional section not in the file (or left empty)
+                node[step] = [] if isinstance(steps[i + 1], int) else {}
+        if last:
+            node[step] = value
+        else:
             node = node[step]
-    last = steps[-1]
-    if isinstance(last, int):
-        if not isinstance(node, list) or last >= len(node):
-            raise ScenarioError([Problem(f"--set {path}", "index out of range")])
-        node[last] = value
-        return
-    if not isinstance(node, dict):
-        raise ScenarioError([Problem(f"--set {path}", "the parent is not a mapping")])
-    model = _model_at(tuple(steps[:-1]))
-    if model is not None and model is not MethodSpec and last not in _field_names(model):
-        names = _field_names(model)
-        close = difflib.get_close_matches(last, names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else f"; allowed: {', '.join(names)}"
-        raise ScenarioError([Problem(f"--set {path}", f"unknown key {format_path(tuple(steps))!r}{hint}")])
-    node[last] = value
+
+
+def _unshared(value):
+    """A copy in which no two places share one object, so that ``--set`` on a node that a YAML
+    alias repeats changes that place only. Iterative: the size was bounded by :func:`parse_yaml`."""
+    root: list = [None]
+    stack = [(value, root, 0)]
+    while stack:
+        item, parent, key = stack.pop()
+        if isinstance(item, dict):
+            parent[key] = copy = dict.fromkeys(item)  # keeps the order of the keys
+            stack.extend((v, copy, k) for k, v in item.items())
+        elif isinstance(item, list):
+            parent[key] = copy = [None] * len(item)
+            stack.extend((v, copy, i) for i, v in enumerate(item))
+        else:
+            parent[key] = item
+    return root[0]
 
 
 def load_scenario(path: str | Path, overrides: list[str] = ()) -> tuple[Scenario, dict]:
     """Read, override and validate a scenario file; returns the model and the raw mapping used."""
     source = str(path)
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as handle:
+            blob = handle.read(MAX_FILE_BYTES + 1)  # bounded: /dev/zero or a huge file must not hang
     except OSError as exc:
         raise ScenarioError([Problem("", f"cannot read the file: {exc.strerror}")], source) from None
+    if len(blob) > MAX_FILE_BYTES:
+        raise ScenarioError([Problem("", f"file larger than {MAX_FILE_BYTES // 1024} KiB")], source)
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScenarioError([Problem("", f"not UTF-8 text (byte {exc.start})")], source) from None
     data = parse_yaml(text, source)
+    if overrides:
+        data = _unshared(data)
     for assignment in overrides:
         try:
             apply_override(data, assignment)
         except ScenarioError as exc:
             raise ScenarioError(exc.problems, source) from None
+    if overrides and _expanded_size(data, MAX_EXPANDED_VALUES) > MAX_EXPANDED_VALUES:
+        raise ScenarioError([Problem("--set", f"more than {MAX_EXPANDED_VALUES:,} values once YAML aliases are expanded")], source)
     return validate(data, source), data
 
 

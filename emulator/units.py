@@ -35,33 +35,44 @@ def _split(text: str, kind: str) -> tuple[float, str]:
     return float(match.group(1)), match.group(2).lower()
 
 
+def _finite(number: float, value, kind: str) -> float:
+    """Refuse inf/nan (``.inf`` in YAML, ``1e999mbit``): they would hang or break the planner."""
+    try:
+        number = float(number)
+    except OverflowError:  # an int beyond float range
+        number = math.inf
+    if not math.isfinite(number):
+        raise ValueError(f"not a finite {kind}: {value!r}")
+    return number
+
+
 def parse_rate(value: str | int | float) -> float:
     """Bits per second from ``'2mbit'``, ``'1.5 gbit'``, ``'125kbps'`` (bytes/s, as tc) or a number."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        return _finite(value, value, "rate")
     number, unit = _split(value, "rate")
     if unit not in _RATE_UNITS:
         raise ValueError(
             f"unknown rate unit {unit!r} in {value!r}; use one of bit, kbit, mbit, gbit "
             "(bits/s) or bps, kbps, mbps (bytes/s, as tc)"
         )
-    return number * _RATE_UNITS[unit]
+    return _finite(number * _RATE_UNITS[unit], value, "rate")
 
 
 def parse_duration(value: str | int | float) -> float:
     """Seconds from ``'30ms'``, ``'90s'``, ``'2min'``, ``'1h'`` or a number of seconds."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        return _finite(value, value, "duration")
     number, unit = _split(value, "duration")
     if unit not in _DURATION_UNITS:
         raise ValueError(f"unknown duration unit {unit!r} in {value!r}; use us, ms, s, min or h")
-    return number * _DURATION_UNITS[unit]
+    return _finite(number * _DURATION_UNITS[unit], value, "duration")
 
 
 def parse_fraction(value: str | int | float) -> float:
     """A fraction in [0, 1] from ``'0.1%'`` or a plain number (``0.001``)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number, unit = float(value), ""
+        number, unit = _finite(value, value, "fraction"), ""
     else:
         number, unit = _split(value, "fraction")
     if unit == "%":
@@ -76,11 +87,12 @@ def parse_fraction(value: str | int | float) -> float:
 def parse_size(value: str | int | float) -> int:
     """Bytes from ``'512m'`` (MiB, as Docker), ``'2g'``, ``'100MB'`` or a number of bytes."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        _finite(value, value, "size")
         return int(value)
     number, unit = _split(value, "size")
     if unit not in _SIZE_UNITS:
         raise ValueError(f"unknown size unit {unit!r} in {value!r}; use k, m, g (binary) or kb, mb, gb")
-    return int(number * _SIZE_UNITS[unit])
+    return int(_finite(number * _SIZE_UNITS[unit], value, "size"))
 
 
 def format_rate(bps: float) -> str:
@@ -94,7 +106,7 @@ def format_rate(bps: float) -> str:
 def format_bytes(count: float) -> str:
     """Human form of a byte count with binary prefixes."""
     for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(count) >= scale:
+        if round(abs(count) / scale, 2) >= 1:  # 1023.9 bytes is "1.00 KiB", not "1024 B"
             return f"{count / scale:.2f} {unit}"
     return f"{count:.0f} B"
 
@@ -103,9 +115,12 @@ def format_duration(seconds: float) -> str:
     """``1h02m``, ``3m05s``, ``12.5s`` or ``30ms``: short and unambiguous."""
     if not math.isfinite(seconds):
         return "?"
-    if seconds < 1:
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    # Compare what will be printed, so that 59.96 s is "1m00s", not "60.0s".
+    if round(seconds * 1000) < 1000:
         return f"{seconds * 1000:.0f}ms"
-    if seconds < 60:
+    if round(seconds, 1) < 60:
         return f"{seconds:.1f}s"
     minutes, secs = divmod(int(round(seconds)), 60)
     if minutes < 60:

@@ -1,0 +1,62 @@
+"""Shared fixtures: running a scenario through the library, and a Docker engine when one is needed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "scenarios"
+TEST_SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+
+
+def run_scenario(path, out_root, *, backend: str = "local", overrides=(), check_fidelity: bool = True, say=None):
+    """Run a scenario file to the end through the library; returns (summary, run directory)."""
+    from emulator.backends import backend_class
+    from emulator.controller import Emulation
+    from emulator.plan import make_plan
+    from emulator.rundir import RunDirectory
+    from emulator.scenario import load_scenario
+
+    scenario, _ = load_scenario(path, list(overrides))
+    plan = make_plan(scenario)
+    rundir = RunDirectory.create(out_root, plan.name)
+    messages = []
+    emulation = Emulation(plan, backend_class(backend)(say=messages.append), rundir, scenario_text=Path(path).read_text(),
+                          say=say or messages.append, progress_every_s=0, check_fidelity=check_fidelity)
+    summary = emulation.run()
+    return summary, rundir.path
+
+
+def read_jsonl(path) -> list[dict]:
+    from emulator.rundir import read_jsonl as _read
+
+    return _read(path)
+
+
+def read_json(path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A Docker client, or a skip (a failure under CI, where .ci/run must have started the engine)."""
+    from emulator.backends.docker import DockerBackend, client
+
+    ok, why = DockerBackend.available()
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"Docker is required under CI: {why}")
+        pytest.skip(f"no usable Docker engine: {why}")
+    return client()
+
+
+@pytest.fixture(scope="session")
+def runtime_image(docker_client):
+    """The runtime image for the current code (built once per session if missing)."""
+    from emulator import images
+
+    return images.ensure_runtime_image(docker_client, progress=lambda line: None)
