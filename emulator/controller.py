@@ -63,13 +63,16 @@ class LiveState:
     newly_ready: list = field(default_factory=list)
     training_started: threading.Event = field(default_factory=threading.Event)
     probes: dict = field(default_factory=dict)  # device -> merged fidelity measurements
+    max_version: int = 0  # highest model version seen (the version drops when a server restores)
+    lost_to_server: int = 0  # updates applied after the last checkpoint of a server that crashed
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def observe(self, stream: str, records: list[dict]) -> None:
         with self.lock:
             if stream == "updates":
                 for r in records:
-                    self.updates = max(self.updates, int(r.get("t", 0)))
+                    self.updates = int(r.get("t", 0))
+                    self.max_version = max(self.max_version, self.updates)
                     self.applied_bytes += int(r.get("bytes", 0))
                     name = f"worker-{r.get('worker')}"
                     self.pushes[name] = self.pushes.get(name, 0) + 1
@@ -95,6 +98,9 @@ class LiveState:
                         self.newly_ready.append(r.get("source"))
                     elif kind == "training_started":
                         self.training_started.set()
+                    elif kind == "restored":
+                        self.lost_to_server += max(0, self.max_version - int(r.get("version", 0)))
+                        self.updates = self.max_version = int(r.get("version", 0))
                     elif kind == "training_done":
                         self.done_reason = r.get("reason", "")
                         self.done.set()
@@ -168,6 +174,9 @@ class Emulation:
             cfg.update(bind=list(ep.server_bind), layout=self.layout.to_json(), rule=self.plan.method.rule,
                        learning_rate=self.plan.training["learning_rate"], max_updates=self.plan.training["max_updates"],
                        seed=self.plan.seed)
+            ckpt = self.plan.checkpoint
+            if ckpt.get("enabled"):
+                cfg["checkpoint"] = {"dir": ep.checkpoint_dir, "every_updates": ckpt.get("every_updates"), "every_s": ckpt.get("every")}
         elif device.role == "worker":
             cfg.update(worker=device.index, incarnation=incarnation, shard=f"{ep.data_dir}/{Path(self.shards.shards[device.index]).name}",
                        batch_size=self.plan.training["batch_size"], method=self.plan.method.to_json())
@@ -247,6 +256,8 @@ class Emulation:
                 continue
             if device.name not in self.down:
                 self.backend.set_cpus(device, self.cpus[device.name])
+                if device.role == "server" and self.training_start is not None:
+                    self.collector.send("server", {"cmd": "start"})  # a restarted server resumes
 
     def _probe(self, batches: list[list[DevicePlan]], command, key: str, timeout_s: float) -> None:
         """Send probe commands batch by batch; wait for each batch's ``key`` measurement."""
@@ -256,8 +267,9 @@ class Emulation:
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
                 with self.state.lock:
-                    if all(key in self.state.probes.get(d.name, {}) for d in batch):
-                        break
+                    answered = [self.state.probes.get(d.name, {}) for d in batch]
+                if all(key in a or "probe_error" in a for a in answered):
+                    break
                 time.sleep(TICK_S)
 
     def _check_fidelity(self) -> None:
@@ -347,7 +359,7 @@ class Emulation:
             eta.append((max_updates - updates) / rate)
         if duration:
             eta.append(duration - now)
-        alive = len(self.plan.workers) - len(self.down)
+        alive = len(self.plan.workers) - len(self.down - {"server"})
         parts = [f"[{format_duration(now):>7}]", f"updates {updates}" + (f"/{max_updates}" if max_updates else "") + f" ({rate:.1f}/s)"]
         if acc:
             parts.append(f"acc {acc['accuracy']:.3f} @ {acc['version']}")
@@ -396,12 +408,12 @@ class Emulation:
             if duration and now >= duration and not stop_sent:
                 self.collector.send("server", {"cmd": "stop"})
                 stop_sent = True
-            if not self.backend.alive(server):
+            if server.name not in self.down and not self.backend.alive(server):
                 raise RuntimeError(f"the parameter server exited unexpectedly{self._last_error('server')}; see logs/server.log")
             if not self.backend.alive(self.plan.evaluator) and self.state.final_accuracy is None:
                 raise RuntimeError(f"the evaluator exited unexpectedly{self._last_error('evaluator')}; see logs/evaluator.log")
             planned_restarts = any(e.action == "restart" for e in timeline + self._pending)
-            if len(self.down) == len(self.plan.workers) and not planned_restarts:
+            if len(self.down - {server.name}) == len(self.plan.workers) and not planned_restarts:
                 self.collector.send("server", {"cmd": "stop"})
                 stop_sent = True
             time.sleep(TICK_S)
@@ -446,10 +458,12 @@ class Emulation:
             self.status = "running"
             reason = self._loop()
             self.training_end = self.training_time()
-            self._sample()
-            self.net_marks["end"] = dict(self.net_last)
             self.event("training_done", reason=reason, updates=self.state.updates, training_s=round(self.training_end, 3))
             self._await_final()
+            # Late pushes (sent before the workers heard training was over) count in the payload,
+            # so the interface window closes after them too.
+            self._sample()
+            self.net_marks["end"] = dict(self.net_last)
             self.status = "completed"
         except KeyboardInterrupt:
             self.status = "interrupted"
@@ -505,7 +519,9 @@ class Emulation:
             "boot_s": None if self.training_start is None else round(self.training_start, 3),
             "training_started_ts": self.training_start,
             "updates_per_s": round(s.updates / duration, 3) if duration else None,
-            "faults": faults, "lost_updates": self._lost_updates, "done_reason": s.done_reason,
+            "faults": faults, "lost_updates": self._lost_updates, "updates_lost_to_server_crashes": s.lost_to_server,
+            "done_reason": s.done_reason,
+            "diverged": s.done_reason.startswith("diverged"),
             "parameters": getattr(getattr(self, "layout", None), "total", None),
             "dataset": getattr(getattr(self, "shards", None), "source", None),
             "plan_digest": self.plan.digest(),

@@ -68,6 +68,7 @@ class Plan:
     triggers: tuple[dict, ...]
     horizon_s: float
     backend: str
+    checkpoint: dict = field(default_factory=dict)
 
     @property
     def devices(self) -> tuple[DevicePlan, ...]:
@@ -83,7 +84,7 @@ class Plan:
         return {
             "name": self.name, "seed": self.seed, "model": self.model, "dataset": self.dataset,
             "training": self.training, "method": self.method.to_json(), "backend": self.backend,
-            "horizon_s": self.horizon_s,
+            "horizon_s": self.horizon_s, "checkpoint": self.checkpoint,
             "server": asdict(self.server), "evaluator": asdict(self.evaluator),
             "workers": [asdict(w) for w in self.workers],
             "events": [asdict(e) for e in self.events],
@@ -179,6 +180,9 @@ def _scheduled(s: Scenario, workers: list[DevicePlan]) -> list[tuple[EventPlan, 
     out = []
     for i, event in enumerate(s.faults.at):
         path = f"faults.at[{i}]"
+        if event.targets == "server":
+            out.extend((e, path) for e in _expand(event, "server", {}))
+            continue
         for index in resolve_targets(event.targets, s):
             name = worker_name(index)
             out.extend((e, path) for e in _expand(event, name, before.get((i, index), {})))
@@ -320,4 +324,5 @@ def make_plan(s: Scenario) -> Plan:
         name=s.name, seed=s.seed, model=s.model, dataset=s.dataset.model_dump(), training=training,
         method=method, server=server, evaluator=evaluator, workers=tuple(workers),
         events=tuple(events), triggers=triggers, horizon_s=horizon, backend=s.backend,
+        checkpoint=s.server.checkpoint.model_dump(),
     )

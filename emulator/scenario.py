@@ -416,9 +416,18 @@ class MethodSpec(BaseModel):
         return dict(self.model_extra or {})
 
 
+class CheckpointSpec(Strict):
+    """How often the server saves its state, so a crashed server resumes where it was."""
+
+    every_updates: PositiveInt | None = Field(1000, description="checkpoint after this many updates")
+    every: PositiveDuration | None = Field(30.0, description="and at least this often (e.g. 30s)")
+    enabled: bool = True
+
+
 class ServerSpec(Strict):
     cpus: PositiveFloat = 1.0
     memory: Size = units.parse_size("2g")
+    checkpoint: CheckpointSpec = CheckpointSpec()
     uplink: Rate | None = Field(None, description="server egress cap (models sent); none = unshaped")
     downlink: Rate | None = Field(None, description="server ingress cap (updates received); none = unshaped")
     delay: Duration = 0.0
@@ -444,8 +453,8 @@ class WorkerGroup(Strict):
     @field_validator("name")
     @classmethod
     def _not_all(cls, name):
-        if name == "all":
-            raise ValueError("'all' means every worker in fault targets; choose another group name")
+        if name in RESERVED_TARGETS:
+            raise ValueError(f"{name!r} is a fault target of its own ({RESERVED_TARGETS[name]}); choose another group name")
         return name
 
     @field_validator("cpus", "uplink", "downlink", "delay", "jitter", "loss")
@@ -773,8 +782,15 @@ def resolve_targets(targets, scenario: Scenario) -> list[int]:
     return sorted(set(targets))
 
 
+RESERVED_TARGETS = {"all": "every worker", "server": "the parameter server"}
+SERVER_ACTIONS = ("crash", "restart")
+
+
 def _check_targets(s: Scenario) -> list[Problem]:
     out = []
+    for i, event in enumerate(s.faults.at):
+        if event.targets == "server" and event.action not in SERVER_ACTIONS:
+            out.append(Problem(f"faults.at[{i}].{event.action}", f"the server can only be targeted by {' or '.join(SERVER_ACTIONS)}"))
     checks: list[tuple[str, Any]] = []
     if s.faults.crash:
         checks.append(("faults.crash.workers", s.faults.crash.workers))
@@ -784,6 +800,8 @@ def _check_targets(s: Scenario) -> list[Problem]:
     for i, trigger in enumerate(s.faults.triggers):
         checks.append((f"faults.triggers[{i}].worker", (trigger.worker,)))
     for path, targets in checks:
+        if targets == "server" and not path.startswith("faults.crash") and not path.startswith("faults.triggers"):
+            continue
         try:
             resolve_targets(targets, s)
         except ValueError as exc:

@@ -265,12 +265,12 @@ def test_malformed_pushes_are_refused_and_the_model_kept(harness):
         assert w.rejected() == reason
     nan = update(b_val=(float("nan"),))
     w.push(nan, t0=0)
-    assert w.rejected() == "bad_part"
+    assert w.rejected() == "non_finite"
     w.push(update(), t0=5)  # from the future
     assert w.rejected() == "future_version"
     assert h.server.version == 0
     np.testing.assert_array_equal(h.server.params, p0)
-    expected = {r: 1 for r in MALFORMED} | {"bad_part": 1, "future_version": 1}
+    expected = {r: 1 for r in MALFORMED} | {"non_finite": 1, "future_version": 1}
     assert dict(h.server.rejections) == expected
     assert len(h.tel.stream("rejections")) == len(expected)
     # The same connection still works, and so does the other one.
@@ -523,3 +523,38 @@ def test_any_valid_message_fits_the_frame_limit(harness, wire):
     header, p1 = w.model()
     assert header.t0 == 1
     np.testing.assert_allclose(p1, p0 - np.float32(ALPHA), rtol=1e-6)
+
+
+def test_a_run_of_non_finite_gradients_ends_training_as_diverged(monkeypatch):
+    from emulator.runtime import paramserver
+
+    monkeypatch.setattr(paramserver, "DIVERGED_AFTER", 3)
+    server = paramserver.ParameterServer.__new__(paramserver.ParameterServer)
+    recorded = []
+
+    class Tel:
+        def record(self, stream, **fields):
+            recorded.append((stream, fields))
+
+        def event(self, kind, **fields):
+            recorded.append(("events", {"kind": kind, **fields}))
+
+    import collections
+    import threading
+
+    server.tel, server.cond, server.done = Tel(), threading.Condition(), False
+    server.training, server.version, server.rejections = threading.Event(), 0, collections.Counter()
+    server._non_finite_in_a_row = 0
+    server._traffic = collections.defaultdict(lambda: [0, 0, 0])
+    server.layout = _LAYOUT if "_LAYOUT" in globals() else None
+    from compression import CodecError
+
+    def bad_decode(body, layout):
+        raise CodecError("non_finite", "non-finite value (NaN or Inf)")
+
+    monkeypatch.setattr(paramserver.compression, "decode", bad_decode)
+    for _ in range(3):
+        assert server.push(0, 0, memoryview(b""), 10) == "non_finite"
+    assert server.done
+    done = [f for s, f in recorded if s == "events" and f["kind"] == "training_done"]
+    assert done and done[0]["reason"].startswith("diverged")

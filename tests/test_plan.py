@@ -73,7 +73,7 @@ def test_dumps_is_canonical_json():
     data = json.loads(text)
     assert text == json.dumps(data, sort_keys=True, indent=1) + "\n"
     assert set(data) == {"name", "seed", "model", "dataset", "training", "method", "backend", "horizon_s", "server",
-                         "evaluator", "workers", "events", "triggers"}
+                         "evaluator", "workers", "events", "triggers", "checkpoint"}
     assert len(data["workers"]) == 10 and data["workers"][3]["name"] == "worker-3"
     assert plan.digest() == make_plan(load_scenario(FULL)[0]).digest() and len(plan.digest()) == 16
 

@@ -26,6 +26,7 @@ class Endpoints:
     server_bind: tuple[str, int]  # where the parameter server listens, inside its device
     server_address: tuple[str, int]  # how devices reach the parameter server
     data_dir: str  # the shard directory as devices see it
+    checkpoint_dir: str  # where the parameter server keeps its checkpoint, as it sees it
 
 
 @dataclass(frozen=True)

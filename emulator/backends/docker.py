@@ -30,6 +30,8 @@ POOL = ipaddress.ip_network("198.18.0.0/15")
 SERVER_PORT = 7000
 DATA_MOUNT = "/data"
 CONFIG_MOUNT = "/etc/emulator"
+CHECKPOINT_MOUNT = "/checkpoint"
+DEVICE_UID = 10001
 MODULES = {"server": "paramserver", "worker": "worker", "evaluator": "evaluator"}
 CPU_PERIOD_US = 100_000
 START_THREADS = 8
@@ -111,7 +113,11 @@ class DockerBackend(Backend):
             labels={LABEL: "1", RUN_LABEL: ctx.run_id},
         )
         (Path(ctx.run_dir) / "devices").mkdir(exist_ok=True)
-        return Endpoints(gateway, gateway, ("0.0.0.0", SERVER_PORT), (server_ip, SERVER_PORT), DATA_MOUNT)
+        checkpoints = Path(ctx.run_dir) / "checkpoint"
+        checkpoints.mkdir(exist_ok=True)
+        os.chown(checkpoints, DEVICE_UID, DEVICE_UID)  # the only writable mount, the server's alone
+        os.chmod(checkpoints, 0o700)
+        return Endpoints(gateway, gateway, ("0.0.0.0", SERVER_PORT), (server_ip, SERVER_PORT), DATA_MOUNT, CHECKPOINT_MOUNT)
 
     def mechanisms(self, device):
         return {"cpus": "docker-cpu-quota (cgroup cfs)", **links.plan_mechanisms(self.features, device.link)}
@@ -141,10 +147,7 @@ class DockerBackend(Backend):
             mem_limit=device.memory_bytes, memswap_limit=device.memory_bytes, pids_limit=512,
             read_only=True, tmpfs={"/tmp": "rw,nosuid,nodev,size=256m"},
             cap_drop=["ALL"], security_opt=["no-new-privileges"],
-            binds={
-                str(Path(self.ctx.data_dir).resolve()): {"bind": DATA_MOUNT, "mode": "ro"},
-                str(self._config_dir(device).resolve()): {"bind": CONFIG_MOUNT, "mode": "ro"},
-            },
+            binds=self._binds(device),
             network_mode=self.network.name, init=True,
         )
         created = self.docker.api.create_container(
@@ -154,6 +157,15 @@ class DockerBackend(Backend):
             environment={"OMP_NUM_THREADS": str(max(1, int(device.cpus + 0.999)))}, detach=True,
         )
         return self.docker.containers.get(created["Id"])
+
+    def _binds(self, device: DevicePlan) -> dict:
+        binds = {
+            str(Path(self.ctx.data_dir).resolve()): {"bind": DATA_MOUNT, "mode": "ro"},
+            str(self._config_dir(device).resolve()): {"bind": CONFIG_MOUNT, "mode": "ro"},
+        }
+        if device.role == "server":
+            binds[str((Path(self.ctx.run_dir) / "checkpoint").resolve())] = {"bind": CHECKPOINT_MOUNT, "mode": "rw"}
+        return binds
 
     def start(self, device, config):
         self._write_config(device, config)

@@ -44,7 +44,9 @@ class LocalBackend(Backend):
     def prepare(self, ctx, devices):
         self.ctx = ctx
         port = free_port()
-        return Endpoints("127.0.0.1", "127.0.0.1", ("127.0.0.1", port), ("127.0.0.1", port), ctx.data_dir)
+        checkpoints = Path(ctx.run_dir) / "checkpoint"
+        checkpoints.mkdir(exist_ok=True)
+        return Endpoints("127.0.0.1", "127.0.0.1", ("127.0.0.1", port), ("127.0.0.1", port), ctx.data_dir, str(checkpoints))
 
     def mechanisms(self, device):
         link = device.link

@@ -18,7 +18,7 @@ from . import protocol
 from .bootstrap import limit_threads, run_device
 from .data import load_shard
 from .protocol import Flag, MsgType
-from .transport import Channel, connect
+from .transport import Channel, open_session
 
 NEVER = 2**62
 
@@ -30,23 +30,34 @@ def run(cfg: dict, tel) -> int:
     x, y = load_shard(cfg["test_set"])
     model = TFModel(get(cfg["model"]), x.shape[1:], cfg["classes"], threads)
     every = cfg["eval_every"]
-    sock = connect(tuple(cfg["ps"]), timeout_s=cfg.get("connect_timeout_s", 120), what="parameter server")
-    channel = Channel(sock, bytes.fromhex(cfg["token"]), None, model.layout.total * 4 + 4096)
-    channel.send(MsgType.HELLO, protocol.json_body({"role": "evaluator"}))
-    channel.recv()
+
+    def join() -> Channel:
+        channel, _ = open_session(cfg["ps"], bytes.fromhex(cfg["token"]), {"role": "evaluator"},
+                                  max_body=model.layout.total * 4 + 4096, timeout_s=cfg.get("connect_timeout_s", 300))
+        return channel
+
+    channel = join()
     model.warm_up(np.zeros(model.layout.total, np.float32), x, y, evaluate_batch=min(len(x), 1000))
     tel.event("evaluator_ready", test_size=len(x))
 
-    target, next_tick = 0, time.monotonic()
+    target, next_tick = 0, None
     while True:
         if "updates" in every:
-            wait_ms = 600_000
-            channel.send(MsgType.PULL, int(wait_ms).to_bytes(4, "little"), t0=target)
+            wait_ms, min_version = 600_000, target
         else:
-            wait_ms = max(0, int((next_tick - time.monotonic()) * 1000))
-            channel.send(MsgType.PULL, wait_ms.to_bytes(4, "little"), t0=NEVER if wait_ms else 0)
-        header, body = channel.recv(keep_buffer=True)
+            wait_ms = 0 if next_tick is None else max(0, int((next_tick - time.monotonic()) * 1000))
+            min_version = NEVER if wait_ms else 0
+        try:
+            channel.send(MsgType.PULL, wait_ms.to_bytes(4, "little"), t0=min_version)
+            header, body = channel.recv(keep_buffer=True)
+        except (OSError, protocol.PeerClosed) as exc:
+            tel.event("server_lost", detail=str(exc))
+            channel.close()
+            channel = join()
+            continue
         pulled_at = tel.now()
+        if next_tick is None:
+            next_tick = time.monotonic()  # the clock of evaluations starts with training
         params = np.frombuffer(body, dtype="<f4")
         start_eval = time.perf_counter()
         accuracy, loss = model.evaluate(params, x, y)

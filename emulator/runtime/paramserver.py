@@ -21,7 +21,7 @@ import numpy as np
 import compression
 from compression.layout import Layout
 
-from . import probe, protocol, rules
+from . import checkpoint, probe, protocol, rules
 from .bootstrap import load_config, start
 from .models import initial_parameters
 from .protocol import Flag, MsgType, ProtocolError
@@ -29,6 +29,7 @@ from .telemetry import Telemetry
 from .transport import Channel, TransportShaper, tune
 
 MAX_WAIT_MS = 600_000
+DIVERGED_AFTER = 50  # non-finite gradients in a row, with no update applied between: training has diverged
 
 
 class ParameterServer:
@@ -52,7 +53,21 @@ class ParameterServer:
         self._traffic: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
         self.rejections: collections.Counter = collections.Counter()
         self._owners: dict[int, Channel] = {}  # worker id -> its latest connection
+        self._non_finite_in_a_row = 0
         self.started = time.monotonic()
+        self.checkpointer = None
+        ckpt = cfg.get("checkpoint") or {}
+        if ckpt.get("dir"):
+            self.checkpointer = checkpoint.Checkpointer(
+                ckpt["dir"], ckpt.get("every_updates"), ckpt.get("every_s"),
+                on_saved=lambda version, seconds: self.tel.event("checkpoint_saved", version=version, seconds=round(seconds, 4)),
+            )
+            restored = checkpoint.load(ckpt["dir"])
+            if restored is not None:
+                self.version, self.params, state = restored
+                self.rule.load_state(state)
+                self.training.set()  # a restarted server resumes training at once
+                self.tel.event("restored", version=self.version)
         self.tel.on_control(self.control)
 
     # -- model access (all under self.cond) -----------------------------------------------
@@ -95,6 +110,10 @@ class ParameterServer:
             parts = compression.decode(body, self.layout)
         except compression.CodecError as exc:
             self.reject(exc.reason, worker, str(exc))
+            if exc.reason == "non_finite":
+                self._non_finite_in_a_row += 1
+                if self._non_finite_in_a_row >= DIVERGED_AFTER:
+                    self.finish(f"diverged: {DIVERGED_AFTER} non-finite gradients in a row")
             return exc.reason
         decoded = time.perf_counter()
         with self.cond:
@@ -114,9 +133,13 @@ class ParameterServer:
                 self.reject(exc.reason, worker, str(exc))
                 return exc.reason
             self.version += 1
+            self._non_finite_in_a_row = 0
             version = self.version
             if self.max_updates and version >= self.max_updates:
                 self.finish("max_updates reached")
+            if self.checkpointer is not None and self.checkpointer.due(version):
+                state = {k: v.copy() for k, v in self.rule.state().items()}
+                self.checkpointer.write_async(version, self.params.copy(), state)
             self.cond.notify_all()
         done = time.perf_counter()
         self.tel.record(
@@ -157,7 +180,7 @@ class ParameterServer:
         channel.after_receive()
         if header.t0 == probe.MODE_DOWN:
             wanted = int.from_bytes(bytes(body[:4]), "little") if len(body) >= 4 else 0
-            channel.send(MsgType.PROBE_REPLY, bytes(min(wanted, self.max_body)))
+            channel.send(MsgType.PROBE_REPLY, bytes(min(wanted, probe.MAX_PROBE_BYTES)))
         else:
             channel.send(MsgType.PROBE_REPLY)
 
@@ -181,6 +204,8 @@ class ParameterServer:
                 with self.cond:
                     self._owners[worker] = channel  # a restarted worker supersedes its old connection
             channel.worker = worker
+            if role == "probe":
+                channel.max_body = max(self.max_body, probe.MAX_PROBE_BYTES)
             self.tel.event("connected", role=role, worker=worker, incarnation=hello.get("incarnation"), peer=f"{peer[0]}:{peer[1]}")
             channel.send(MsgType.WELCOME, protocol.json_body({"version": self.version, "layout": self.layout.to_json()}))
             while True:

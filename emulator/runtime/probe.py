@@ -38,11 +38,14 @@ def timed_read(io, size: int) -> tuple[float, float]:
     return end - start, (got - half_bytes) * 8 / (end - half_at)
 
 
+MAX_PROBE_BYTES = 4 << 20
+
+
 def probe_sizes(rate_bps: float | None, seconds: float = 2.0) -> int:
-    """Bytes for a transfer of about ``seconds`` at ``rate_bps`` (8 MiB when unshaped)."""
+    """Bytes for a transfer of about ``seconds`` at ``rate_bps`` (4 MiB when unshaped or fast)."""
     if not rate_bps:
-        return 8 << 20
-    return int(min(8 << 20, max(128 << 10, rate_bps / 8 * seconds)))
+        return MAX_PROBE_BYTES
+    return int(min(MAX_PROBE_BYTES, max(128 << 10, rate_bps / 8 * seconds)))
 
 
 def measure_link(address, token: bytes, shaper: TransportShaper, *, up_bytes: int, down_bytes: int, pings: int = 7) -> dict:

@@ -193,3 +193,30 @@ def connect(address: tuple[str, int], *, timeout_s: float = 60.0, what: str = "p
                 raise ConnectionError(f"cannot reach {what} at {address[0]}:{address[1]}: {exc}") from None
             time.sleep(wait)
             wait = min(wait * 2, 1.0)
+
+
+def open_session(address, token: bytes, hello: dict, *, shaper: TransportShaper | None = None, max_body: int = 1 << 20,
+                 worker: int = protocol.NO_WORKER, timeout_s: float = 300.0) -> tuple[Channel, dict]:
+    """Connect, say HELLO and read the WELCOME, retrying with backoff until ``timeout_s``.
+
+    A server that is restarting may accept a connection and drop it before answering; that
+    counts as "not up yet", not as a failure."""
+    deadline = time.monotonic() + timeout_s
+    wait = 0.1
+    while True:
+        channel = None
+        try:
+            sock = connect(tuple(address), timeout_s=max(1.0, deadline - time.monotonic()), what="parameter server")
+            channel = Channel(sock, token, shaper, max_body, worker=worker)
+            channel.send(protocol.MsgType.HELLO, protocol.json_body(hello))
+            header, body = channel.recv()
+            if header.type != protocol.MsgType.WELCOME:
+                raise protocol.ProtocolError("no_welcome", f"got {header.type.name}")
+            return channel, protocol.parse_json(body, "welcome")
+        except (OSError, protocol.PeerClosed) as exc:
+            if channel is not None:
+                channel.close()
+            if time.monotonic() + wait > deadline:
+                raise ConnectionError(f"parameter server at {address[0]}:{address[1]} unreachable: {exc}") from None
+            time.sleep(wait)
+            wait = min(wait * 2, 2.0)

@@ -21,7 +21,7 @@ from . import probe, protocol
 from .bootstrap import limit_threads, run_device
 from .data import BatchSampler, load_shard
 from .protocol import Flag, MsgType
-from .transport import Channel, TransportShaper, connect
+from .transport import Channel, TransportShaper, open_session
 
 
 def build_compressor(method: dict, layout: Layout, seed: int):
@@ -77,6 +77,7 @@ def run(cfg: dict, tel) -> int:
             tel.record("fidelity", worker=index, **record)
         except (OSError, protocol.ProtocolError) as exc:
             tel.event("error", reason="probe_failed", detail=str(exc))
+            tel.record("fidelity", worker=index, probe_error=str(exc))
 
     def on_control(command: dict) -> None:
         if command.get("cmd") == "shape":
@@ -87,14 +88,17 @@ def run(cfg: dict, tel) -> int:
     tel.on_control(on_control)
     splits = np.array(layout.offsets[1:])
 
-    sock = connect(tuple(cfg["ps"]), timeout_s=cfg.get("connect_timeout_s", 120), what="parameter server")
-    channel = Channel(sock, token, shaper, layout.total * 4 + 4096, worker=index)
-    channel.send(MsgType.HELLO, protocol.json_body({"role": "worker", "worker": index, "incarnation": cfg.get("incarnation", 0)}))
-    header, body = channel.recv()
-    welcome = protocol.parse_json(body, "welcome")
-    if Layout.from_json(welcome["layout"]) != layout:
-        tel.event("error", reason="layout_mismatch")
-        return 3
+    hello = {"role": "worker", "worker": index, "incarnation": cfg.get("incarnation", 0)}
+
+    def join() -> Channel:
+        """Connect and introduce ourselves; the server's model must be ours."""
+        channel, welcome = open_session(cfg["ps"], token, hello, shaper=shaper, max_body=layout.total * 4 + 4096,
+                                        worker=index, timeout_s=cfg.get("connect_timeout_s", 300))
+        if Layout.from_json(welcome["layout"]) != layout:
+            raise protocol.ProtocolError("layout_mismatch", "the server's model is not this worker's")
+        return channel
+
+    channel = join()
     model.warm_up(np.zeros(layout.total, np.float32), *sampler.next())
     tel.event("worker_ready", worker=index, incarnation=cfg.get("incarnation", 0), shard_size=len(x))
     channel.send(MsgType.PULL)  # the server answers once training has started
@@ -102,23 +106,33 @@ def run(cfg: dict, tel) -> int:
 
     stats, last_report = StepStats(), time.monotonic()
     while not header.flags & Flag.DONE:
-        if header.type == MsgType.REJECT:
-            stats.rejected += 1
-            tel.event("push_rejected", worker=index, reason=protocol.parse_json(body, "reject").get("reason"))
+        try:
+            if header.type == MsgType.REJECT:
+                stats.rejected += 1
+                tel.event("push_rejected", worker=index, reason=protocol.parse_json(body, "reject").get("reason"))
+                channel.send(MsgType.PULL)
+                header, body = channel.recv(keep_buffer=True)
+                continue
+            version = header.t0
+            params = np.frombuffer(body, dtype="<f4")
+            t_start = time.perf_counter()
+            xb, yb = sampler.next()
+            loss, grad = model.gradient(params, xb, yb)
+            t_grad = time.perf_counter()
+            parts = compressor.compress(np.split(grad, splits))
+            message = compression.encode(parts, layout, wire)
+            t_comp = time.perf_counter()
+            stats.bytes += channel.send(MsgType.PUSH, message, t0=version)
+            header, body = channel.recv(keep_buffer=True)
+        except (OSError, protocol.PeerClosed) as exc:
+            # The server went away (crash, restart): reconnect with backoff, take the model again.
+            tel.event("server_lost", worker=index, detail=str(exc))
+            channel.close()
+            channel = join()
             channel.send(MsgType.PULL)
             header, body = channel.recv(keep_buffer=True)
+            tel.event("reconnected", worker=index, version=header.t0)
             continue
-        version = header.t0
-        params = np.frombuffer(body, dtype="<f4")
-        t_start = time.perf_counter()
-        xb, yb = sampler.next()
-        loss, grad = model.gradient(params, xb, yb)
-        t_grad = time.perf_counter()
-        parts = compressor.compress(np.split(grad, splits))
-        message = compression.encode(parts, layout, wire)
-        t_comp = time.perf_counter()
-        stats.bytes += channel.send(MsgType.PUSH, message, t0=version)
-        header, body = channel.recv(keep_buffer=True)
         t_net = time.perf_counter()
         stats.steps += 1
         stats.loss += loss

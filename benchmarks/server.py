@@ -1,0 +1,179 @@
+"""Parameter-server ingest on loopback: updates applied per second with 1, 8 and 64 pushers.
+
+A real parameter server process (with its telemetry going to a real collector, as in a run)
+is driven by synthetic pushers, each a process of its own that pushes a pre-encoded update
+and waits for the model in reply, as a worker does. Beside it, in the same run: the raw
+loopback TCP throughput of one Python sender and receiver (the floor for bytes moved), and
+the AdaComp rule's apply cost at staleness 1, 100 and 10,000 (it must not grow with d).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .common import cnn_layout, measure, realistic_gradient
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _loopback_receiver(port_q, seconds, result_q):
+    server = socket.create_server(("127.0.0.1", 0))
+    port_q.put(server.getsockname()[1])
+    conn, _ = server.accept()
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    total, start = 0, None
+    while True:
+        n = conn.recv_into(view)
+        if n == 0:
+            break
+        if start is None:
+            start = time.perf_counter()
+        total += n
+    result_q.put(total / (time.perf_counter() - start))
+
+
+def raw_loopback_bytes_per_s(seconds: float = 2.0) -> float:
+    port_q, result_q = mp.Queue(), mp.Queue()
+    receiver = mp.Process(target=_loopback_receiver, args=(port_q, seconds, result_q))
+    receiver.start()
+    sock = socket.create_connection(("127.0.0.1", port_q.get()))
+    chunk = bytes(1 << 20)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        sock.sendall(chunk)
+    sock.close()
+    rate = result_q.get()
+    receiver.join()
+    return rate
+
+
+def _pusher(address, token, worker, message, seconds, start_evt, result_q):
+    from emulator.runtime import protocol
+    from emulator.runtime.protocol import MsgType
+    from emulator.runtime.transport import Channel, connect
+
+    channel = Channel(connect(address), token, None, 16 << 20, worker=worker)
+    channel.send(MsgType.HELLO, protocol.json_body({"role": "worker", "worker": worker}))
+    channel.recv()
+    start_evt.wait()
+    channel.send(MsgType.PULL)
+    header, _ = channel.recv(keep_buffer=True)
+    pushes, deadline = 0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline and not header.flags & protocol.Flag.DONE:
+        channel.send(MsgType.PUSH, message, t0=header.t0)
+        header, _ = channel.recv(keep_buffer=True)
+        pushes += 1
+    result_q.put(pushes)
+    channel.close()
+
+
+def ingest(message: bytes, rule: str, pushers: int, seconds: float) -> dict:
+    from emulator.collector import Collector
+    from emulator.rundir import RunDirectory
+    from emulator.backends.local import free_port
+
+    layout = cnn_layout()
+    token = secrets.token_bytes(16)
+    with tempfile.TemporaryDirectory() as tmp:
+        rundir = RunDirectory(Path(tmp) / "run")
+        collector = Collector(rundir, token).start()
+        port = free_port()
+        cfg = {"name": "server", "role": "server", "token": token.hex(), "start_time": time.time(), "seed": 0,
+               "collector": list(collector.address), "bind": ["127.0.0.1", port], "layout": layout.to_json(),
+               "rule": rule, "learning_rate": 0.01, "max_updates": None}
+        env = dict(os.environ, EMU_CONFIG=json.dumps(cfg), PYTHONPATH=str(ROOT))
+        server = subprocess.Popen([sys.executable, "-m", "emulator.runtime.paramserver"], env=env, stderr=subprocess.DEVNULL)
+        try:
+            ctx = mp.get_context("fork")
+            start_evt, result_q = ctx.Event(), ctx.Queue()
+            procs = [ctx.Process(target=_pusher, args=(("127.0.0.1", port), token, i, message, seconds, start_evt, result_q))
+                     for i in range(pushers)]
+            for p in procs:
+                p.start()
+            deadline = time.monotonic() + 60
+            while len(collector.connected()) < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            collector.send("server", {"cmd": "start"})
+            start_evt.set()
+            cpu0 = _cpu_s(server.pid)
+            counts = [result_q.get(timeout=seconds + 120) for _ in procs]
+            cpu = _cpu_s(server.pid) - cpu0
+            for p in procs:
+                p.join()
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+            collector.close()
+            rundir.close()
+    total = sum(counts)
+    frame = len(message) + 38
+    return {"pushers": pushers, "updates": total, "updates_per_s": total / seconds,
+            "ingest_bytes_per_s": total * frame / seconds, "server_cpu_share": cpu / seconds}
+
+
+def _cpu_s(pid: int) -> float:
+    from emulator.procstats import cpu_seconds
+
+    return cpu_seconds(pid) or 0.0
+
+
+def adacomp_apply_vs_staleness(parts, layout, staleness_values=(1, 100, 10_000)) -> dict:
+    from emulator.runtime.rules import AdaComp
+
+    out = {}
+    for d in staleness_values:
+        rule = AdaComp(layout, 0.01)
+        params = np.zeros(layout.total, np.float32)
+        rule.on_pull(0)
+        for _ in range(d):  # d updates from another worker after worker 0 pulled
+            rule.on_pull(1)
+            rule.apply(params, parts, 1, 0)
+        out[str(d)] = measure(lambda: rule.apply(params, parts, 0, d), repeat=50)
+    return out
+
+
+def run(quick: bool = False) -> dict:
+    import compression
+
+    layout = cnn_layout()
+    grad = realistic_gradient(layout)
+    splits = np.split(grad, np.array(layout.offsets[1:]))
+    sparse = compression.encode(compression.build("topk", {"c": 0.01}, layout).compress(splits), layout)
+    dense = compression.encode(compression.build("dense", {}, layout).compress(splits), layout)
+    seconds = 3.0 if quick else 8.0
+    out = {"raw_loopback_bytes_per_s": raw_loopback_bytes_per_s(2.0 if quick else 4.0), "ingest": []}
+    for pushers in ((1, 8) if quick else (1, 8, 64)):
+        for label, message, rule in (("dense", dense, "plain"), ("adacomp", sparse, "adacomp")):
+            row = ingest(message, rule, pushers, seconds)
+            row["method"] = label
+            row["share_of_loopback"] = row["ingest_bytes_per_s"] / out["raw_loopback_bytes_per_s"]
+            out["ingest"].append(row)
+    parts = compression.decode(sparse, layout)
+    out["adacomp_apply_ms_by_staleness"] = adacomp_apply_vs_staleness(parts, layout, (1, 100) if quick else (1, 100, 10_000))
+    return out
+
+
+def markdown(result: dict) -> list[str]:
+    raw = result["raw_loopback_bytes_per_s"]
+    lines = [f"Raw loopback TCP, one Python sender and receiver: **{raw / 1e6:,.0f} MB/s**.", "",
+             "| method | pushers | updates/s | ingest MB/s | share of raw loopback | server CPU (cores) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for row in result["ingest"]:
+        lines.append(f"| {row['method']} | {row['pushers']} | {row['updates_per_s']:,.0f} | {row['ingest_bytes_per_s'] / 1e6:,.1f} | "
+                     f"{row['share_of_loopback']:.1%} | {row['server_cpu_share']:.2f} |")
+    lines += ["", "AdaComp apply cost by staleness d (median ms): " + ", ".join(
+        f"d={d}: {v['median_ms']:.3f}" for d, v in result["adacomp_apply_ms_by_staleness"].items())]
+    return lines
