@@ -29,6 +29,9 @@ class Params(BaseModel):
 class Compressor(ABC):
     name: ClassVar[str]
     Params: ClassVar[type[Params]] = Params
+    # True when the compressor keeps what it did not send and adds it back itself (DGC's
+    # accumulation, Chen et al.'s residual): wrapping it in ErrorFeedback is refused.
+    has_own_memory: ClassVar[bool] = False
 
     def __init__(self, params: Params, layout: Layout, seed: int = 0):
         self.params = params

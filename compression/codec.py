@@ -68,7 +68,7 @@ def decode(message: bytes | memoryview, layout: Layout) -> list[Part]:
         try:
             parts.append(part_type.read(view[pos : pos + length], size, flags))
         except PartError as exc:
-            raise CodecError("bad_part", str(exc)) from None
+            raise CodecError(exc.reason, str(exc)) from None
         pos += length
     if pos != len(view):
         raise CodecError("trailing", f"{len(view) - pos} bytes after the last part")

@@ -3,7 +3,8 @@
 What a compressor drops this step is added back to the next gradient: ``g' = g + r``,
 ``r <- g' - sent(g')`` where ``sent`` is exactly what the server will decode. So the sum of
 everything sent plus the residual always equals the sum of every gradient (Stich et al.;
-Karimireddy et al., EF-SGD).
+Karimireddy et al., EF-SGD). Compressors that keep their own residual (``has_own_memory``:
+DGC, adaptive_residual) refuse the wrapper.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from .parts import Part, WireFormat
 
 class ErrorFeedback:
     def __init__(self, inner: Compressor, wire: WireFormat = WireFormat()):
+        if inner.has_own_memory:
+            raise ValueError(f"{inner.name} keeps its own residual: error feedback would add it back twice")
         self.inner = inner
         self.wire = wire
         self.residual = [np.zeros(size, np.float32) for size in inner.layout.sizes]

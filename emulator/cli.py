@@ -153,6 +153,36 @@ def render_plan(p) -> str:
 
 
 @main.command()
+@click.argument("scenario_file", type=click.Path(dir_okay=False))
+@click.option("-m", "--method", "methods", multiple=True, required=True, metavar="SPEC",
+              help="A method to run: NAME[:KEY=VALUE]..., e.g. adacomp, qsgd:s=4, topk:c=0.001:error_feedback=true (repeatable).")
+@click.option("--backend", type=click.Choice(["auto", "local", "docker"]), default="auto", show_default=True)
+@set_option
+@click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False))
+@click.option("--target-accuracy", type=click.FloatRange(0, 1), default=None,
+              help="Accuracy for the time-to-target column (default: 90% of the best final accuracy).")
+@click.option("--no-fidelity", is_flag=True, help="Skip each run's fidelity check.")
+@click.option("--quiet", is_flag=True, help="No live progress lines.")
+def compare(scenario_file, methods, backend, overrides, out_root, target_accuracy, no_fidelity, quiet):
+    """Run one scenario once per method (same seed, same data partition): one table, one figure."""
+    from .compare import compare as run_compare
+
+    _load(scenario_file, overrides)  # refuse a bad scenario before anything runs
+    try:
+        out = run_compare(scenario_file, list(methods), out_root, backend=backend, overrides=list(overrides),
+                          say=(lambda msg: None) if quiet else _say, target_accuracy=target_accuracy,
+                          check_fidelity=not no_fidelity)
+    except ScenarioError as exc:
+        click.echo(exc.render(), err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    click.echo((Path(out) / "compare.md").read_text())
+    click.echo(f"comparison: {out}")
+
+
+@main.command()
 def schema():
     """Print the scenario file's JSON Schema (for editor completion)."""
     click.echo(json.dumps(json_schema(), indent=2))
@@ -209,6 +239,67 @@ def doctor():
         ok = ok and status != "fail"
         click.echo(f"[{mark}] {name}: {detail}")
     sys.exit(0 if ok else 1)
+
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option("--runs", "per_run", is_flag=True, help="For a sweep or a folder of runs: also build each run's own report.")
+def report(path, per_run):
+    """Figures and tables of a run, a sweep or a folder of runs, written to PATH/report/."""
+    from analysis.report import build_report
+
+    try:
+        out = build_report(path, per_run=per_run)
+    except FileNotFoundError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    click.echo(f"report: {out / 'report.html'} (and report.md, figures beside it)")
+
+
+@main.command()
+@click.argument("scenario_file", type=click.Path(dir_okay=False))
+@click.option("--grid", multiple=True, metavar="KEY=V1,V2,...",
+              help="A grid axis: a --set key and its values (YAML, split at top-level commas), e.g. "
+                   "--grid faults.crash.rate_per_hour=0,30,120 (repeatable: the grid is the Cartesian product).")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1), help="Repetitions of each grid point (derived seeds).")
+@click.option("--jobs", default=None, type=click.IntRange(1),
+              help="Runs at once (default: CPU count / the heaviest run's summed device CPU quotas, at least 1).")
+@click.option("--out", "directory", default=None, type=click.Path(file_okay=False),
+              help="The sweep directory (default: runs/sweeps/<name>-<digest of scenario, overrides, grid, backend>).")
+@click.option("--backend", type=click.Choice(["auto", "local", "docker"]), default=None, help="Overrides the scenario's backend.")
+@set_option
+@click.option("--no-fidelity", is_flag=True, help="Skip each run's fidelity check.")
+@click.option("--no-report", is_flag=True, help="Do not write sweep.md, sweep.csv and the report at the end.")
+def sweep(scenario_file, grid, repeat, jobs, directory, backend, overrides, no_fidelity, no_report):
+    """Run a scenario over a grid of values, each point repeated; finished runs are reused on a rerun."""
+    from .backends import BackendUnavailable, choose
+    from .sweep import Sweep, SweepError, default_directory, run_sweep
+
+    scenario, _, _ = _load(scenario_file, overrides)
+    try:
+        backend_name = choose(backend or scenario.backend, say=_say).name
+    except BackendUnavailable as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    try:
+        spec = Sweep.from_options(scenario_file, grid, repeat=repeat, overrides=tuple(overrides), backend=backend_name,
+                                  check_fidelity=not no_fidelity)
+        result = run_sweep(spec, directory or default_directory(spec), jobs=jobs, say=_say)
+    except SweepError as exc:
+        click.echo(exc.render(), err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    failed = result.failed
+    click.echo(f"sweep: {result.count('completed')}/{len(result.runs)} runs completed in {result.directory}")
+    for entry in failed:
+        click.echo(f"  {entry['run_id']}: {entry['status']}" + (f" ({entry['error']})" if entry.get("error") else ""))
+    if not no_report and result.count("completed"):
+        from analysis.report import build_report
+
+        click.echo(f"report: {build_report(result.directory) / 'report.html'} (table: {result.directory / 'sweep.md'})")
+    if result.interrupted:
+        sys.exit(130)
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

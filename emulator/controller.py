@@ -65,6 +65,8 @@ class LiveState:
     probes: dict = field(default_factory=dict)  # device -> merged fidelity measurements
     max_version: int = 0  # highest model version seen (the version drops when a server restores)
     lost_to_server: int = 0  # updates applied after the last checkpoint of a server that crashed
+    server_started_ts: float | None = None  # the server's own clock reading when training started
+    server_done_flushed: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def observe(self, stream: str, records: list[dict]) -> None:
@@ -83,6 +85,9 @@ class LiveState:
                     self.accuracy = r
                     if r.get("final"):
                         self.final_accuracy = r
+            elif stream == "server":
+                if any(r.get("done") for r in records):
+                    self.server_done_flushed.set()  # its traffic records up to the end are in
             elif stream == "fidelity":
                 for r in records:
                     self.probes.setdefault(r.get("source"), {}).update(r)
@@ -97,6 +102,8 @@ class LiveState:
                         self.ready.add(r.get("source"))
                         self.newly_ready.append(r.get("source"))
                     elif kind == "training_started":
+                        if self.server_started_ts is None:
+                            self.server_started_ts = float(r.get("ts", 0.0))
                         self.training_started.set()
                     elif kind == "restored":
                         self.lost_to_server += max(0, self.max_version - int(r.get("version", 0)))
@@ -135,6 +142,7 @@ class Emulation:
         self._fired_triggers: set[int] = set()
         self._pending: list[EventPlan] = []
         self._lost_updates = 0
+        self._quotas_on = False  # CPU quotas are applied after the link probes, before training
         self.net_last: dict[str, dict] = {}  # latest interface counters per device
         self.net_marks: dict[str, dict[str, dict]] = {}  # counters at training start and end
         rundir.write_text("scenario.yaml", scenario_text)
@@ -246,7 +254,10 @@ class Emulation:
         self.event("devices_started", count=len(self.plan.devices), start_s=round(time.monotonic() - started, 3))
 
     def _throttle_ready(self) -> None:
-        """Devices boot unthrottled; each gets its CPU quota as soon as it reports ready."""
+        """Devices boot unthrottled; once the run's quotas are on (after the link probes), a
+        device that reports ready (a restart) gets its quota at once."""
+        if not self._quotas_on:
+            return
         with self.state.lock:
             names, self.state.newly_ready = self.state.newly_ready, []
         for name in names:
@@ -272,12 +283,25 @@ class Emulation:
                     break
                 time.sleep(TICK_S)
 
-    def _check_fidelity(self) -> None:
-        """Measure every worker's link and CPU share, read back every quota, compare with the plan."""
-        started = time.monotonic()
+    def _quotas(self) -> None:
+        """Every device gets its CPU quota (links are probed before, so a throttled receiver
+        cannot be mistaken for a slow link)."""
+        self._quotas_on = True
+        with self.state.lock:
+            self.state.newly_ready = []
+        for device in self.plan.devices:
+            if device.name not in self.down:
+                self.backend.set_cpus(device, self.cpus[device.name])
+
+    def _probe_links(self) -> None:
         workers = list(self.plan.workers)
         self._probe([workers[i:i + PROBE_BATCH] for i in range(0, len(workers), PROBE_BATCH)],
                     lambda d: fidelity.probe_request(d, self.plan.server, 0.0), "rtt_s", 120.0)
+
+    def _check_fidelity(self, started: float) -> None:
+        """Measure every worker's CPU share under its quota, read back every quota, and compare
+        them and the link probes' results with the plan."""
+        workers = list(self.plan.workers)
         budget = max(0.5, 0.75 * (os.cpu_count() or 1))
         cpu_batches, batch, load = [], [], 0.0
         for device in workers:
@@ -335,14 +359,19 @@ class Emulation:
                 self.say(f"[boot {format_duration(self.now()):>6}] {len(names) - len(missing)}/{len(names)} devices ready")
                 last_say = time.monotonic()
             time.sleep(TICK_S)
+        probed = time.monotonic()
         if self.fidelity:
-            self._check_fidelity()
+            self._probe_links()
+        self._quotas()
+        if self.fidelity:
+            self._check_fidelity(probed)
         self._sample()
         self.net_marks["start"] = dict(self.net_last)
         self.collector.send("server", {"cmd": "start"})
         if not self.state.training_started.wait(30):
             raise RuntimeError("the parameter server did not acknowledge the start")
-        self.training_start = self.now()
+        # The server's own reading of the start, not when we heard of it (telemetry is batched).
+        self.training_start = self.state.server_started_ts if self.state.server_started_ts is not None else self.now()
         self.event("training_started", boot_s=round(self.training_start, 3))
 
     def _progress(self, last: dict) -> None:
@@ -460,6 +489,7 @@ class Emulation:
             self.training_end = self.training_time()
             self.event("training_done", reason=reason, updates=self.state.updates, training_s=round(self.training_end, 3))
             self._await_final()
+            self.state.server_done_flushed.wait(5.0)
             # Late pushes (sent before the workers heard training was over) count in the payload,
             # so the interface window closes after them too.
             self._sample()

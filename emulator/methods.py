@@ -78,6 +78,8 @@ def check_method(spec: MethodSpec) -> list[Problem]:
     problems = []
     if spec.rule is not None and spec.rule not in RULES:
         problems.append(Problem("method.rule", f"unknown rule {spec.rule!r}; known: {', '.join(sorted(RULES))}"))
+    if spec.error_feedback and COMPRESSORS[compressor].has_own_memory:
+        problems.append(Problem("method.error_feedback", f"{compressor} keeps its own residual"))
     try:
         COMPRESSORS[compressor].Params(**spec.params)
     except ValidationError as exc:

@@ -434,7 +434,7 @@ def test_codec_rejects_non_finite(bad, wire):
             continue
         with pytest.raises(CodecError) as info:
             decode(message, layout)
-        assert info.value.reason == "bad_part"
+        assert info.value.reason == "non_finite"
         assert "non-finite" in str(info.value)
 
 
@@ -586,3 +586,29 @@ def test_wire_format_refuses_unknown_names():
     for bad in ({"values": "fp16"}, {"indices": "gamma"}):
         with pytest.raises(ValueError):
             WireFormat(**bad)
+
+
+def test_top_magnitude_is_exact_when_the_sampled_threshold_misleads():
+    # Every sampled position holds a huge value, so the sample's threshold keeps too few
+    # candidates; the selection must fall back and still return the exact top-k.
+    from compression.topk import SAMPLE, top_magnitude
+
+    size = 64 * SAMPLE
+    rng = np.random.default_rng(3)
+    values = rng.random(size).astype(np.float32)
+    values[:: size // SAMPLE] = 1e6
+    k = 2 * SAMPLE + 17
+    expected = np.sort(np.argsort(-np.abs(values), kind="stable")[:k])
+    got = top_magnitude(values, k)
+    assert got.dtype == np.int64 and np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_top_magnitude_sampled_path_matches_a_full_sort(seed):
+    from compression.topk import top_magnitude
+
+    rng = np.random.default_rng(seed)
+    values = (rng.standard_normal(401_408) * rng.exponential(1.0, 401_408)).astype(np.float32)
+    for k in (1, 40, 4014, 40_000):
+        expected = np.sort(np.argpartition(np.abs(values), values.size - k)[values.size - k :])
+        assert np.array_equal(top_magnitude(values, k), expected)

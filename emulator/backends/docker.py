@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .. import links
+from .. import links, procstats
 from ..plan import DevicePlan, LinkPlan
 from .base import Backend, BackendUnavailable, Endpoints, RunContext
 
@@ -297,11 +297,23 @@ class DockerBackend(Backend):
 
 
 def _cgroup_usage(container_id: str) -> dict | None:
-    """CPU seconds and memory from the container's cgroup (v1 cgroupfs layout; else None)."""
+    """CPU seconds, cgroup memory and the processes' PSS (v1 cgroupfs layout; else None).
+
+    PSS divides each shared page among the processes mapping it, so summing it over devices
+    gives the machine's real memory use (TensorFlow's libraries are shared between containers
+    of the same image)."""
     cpu = Path(f"/sys/fs/cgroup/cpuacct/docker/{container_id}/cpuacct.usage")
     mem = Path(f"/sys/fs/cgroup/memory/docker/{container_id}/memory.usage_in_bytes")
+    procs = Path(f"/sys/fs/cgroup/memory/docker/{container_id}/cgroup.procs")
     try:
-        return {"cpu_s": int(cpu.read_text()) / 1e9, "memory_bytes": int(mem.read_text())}
+        out = {"cpu_s": int(cpu.read_text()) / 1e9, "memory_bytes": int(mem.read_text())}
+        pss = rss = 0
+        for pid in procs.read_text().split():
+            usage = procstats.memory(int(pid)) or {}
+            pss += usage.get("pss_bytes", 0)
+            rss += usage.get("rss_bytes", 0)
+        out.update(pss_bytes=pss, rss_bytes=rss)
+        return out
     except (OSError, ValueError):
         return None
 

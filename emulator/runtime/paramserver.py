@@ -54,6 +54,7 @@ class ParameterServer:
         self.rejections: collections.Counter = collections.Counter()
         self._owners: dict[int, Channel] = {}  # worker id -> its latest connection
         self._non_finite_in_a_row = 0
+        self._flush_now = threading.Event()
         self.started = time.monotonic()
         self.checkpointer = None
         ckpt = cfg.get("checkpoint") or {}
@@ -83,6 +84,7 @@ class ParameterServer:
             if not self.done:
                 self.done = True
                 self.tel.event("training_done", reason=why, updates=self.version)
+                self._flush_now.set()
             self.cond.notify_all()
 
     def control(self, command: dict) -> None:
@@ -251,9 +253,11 @@ class ParameterServer:
     # -- main loops -----------------------------------------------------------------------
 
     def report_traffic(self) -> None:
-        """Per-second, per-worker bytes in and out, and the server's own counters."""
+        """Per-second, per-worker bytes in and out, and the server's own counters; flushed at
+        once when training ends, so the totals are complete as soon as the run is."""
         while True:
-            time.sleep(1.0)
+            self._flush_now.wait(1.0)
+            self._flush_now.clear()
             with self.cond:
                 traffic, self._traffic = self._traffic, collections.defaultdict(lambda: [0, 0, 0])
                 version, done = self.version, self.done
