@@ -529,32 +529,12 @@ def test_a_run_of_non_finite_gradients_ends_training_as_diverged(monkeypatch):
     from emulator.runtime import paramserver
 
     monkeypatch.setattr(paramserver, "DIVERGED_AFTER", 3)
-    server = paramserver.ParameterServer.__new__(paramserver.ParameterServer)
-    recorded = []
-
-    class Tel:
-        def record(self, stream, **fields):
-            recorded.append((stream, fields))
-
-        def event(self, kind, **fields):
-            recorded.append(("events", {"kind": kind, **fields}))
-
-    import collections
-    import threading
-
-    server.tel, server.cond, server.done = Tel(), threading.Condition(), False
-    server.training, server.version, server.rejections = threading.Event(), 0, collections.Counter()
-    server._non_finite_in_a_row = 0
-    server._traffic = collections.defaultdict(lambda: [0, 0, 0])
-    server.layout = _LAYOUT if "_LAYOUT" in globals() else None
-    from compression import CodecError
-
-    def bad_decode(body, layout):
-        raise CodecError("non_finite", "non-finite value (NaN or Inf)")
-
-    monkeypatch.setattr(paramserver.compression, "decode", bad_decode)
+    tel = RecordingTelemetry()
+    server = ParameterServer({"token": TOKEN.hex(), "layout": LAYOUT.to_json(), "seed": 3, "rule": "adacomp",
+                              "learning_rate": ALPHA, "max_updates": None, "bind": ["127.0.0.1", 0]}, tel)
+    nan = compression.encode([DensePart(np.full(6, np.nan, np.float32)), DensePart(np.zeros(4, np.float32))], LAYOUT)
     for _ in range(3):
-        assert server.push(0, 0, memoryview(b""), 10) == "non_finite"
+        assert server.push(0, 0, memoryview(nan), len(nan)) == "non_finite"
     assert server.done
-    done = [f for s, f in recorded if s == "events" and f["kind"] == "training_done"]
-    assert done and done[0]["reason"].startswith("diverged")
+    done = [f for f in tel.stream("events") if f["kind"] == "training_done"]
+    assert len(done) == 1 and done[0]["reason"].startswith("diverged")
