@@ -1,0 +1,397 @@
+"""Figures of runs and sweeps: one function per figure, tables in, a matplotlib Figure out.
+
+Every function takes the tables of :mod:`analysis.runs` (or of :mod:`analysis.sweep`) and
+returns a :class:`matplotlib.figure.Figure`, or ``None`` when its data is absent (no ``net``
+stream on the local backend, no accuracy yet): callers skip what is ``None``. Figures are
+built with the object API and rendered by Agg when saved (:func:`save`): no pyplot state, no
+display needed, safe in threads and notebooks. Axes say their units; byte axes use SI
+prefixes (kB, MB); times are seconds since training started.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator, NullFormatter, PercentFormatter
+
+SIZE = (8.0, 4.6)
+DPI = 120
+BOOT_MARGIN_S = 0.5  # rates over intervals that start earlier than this before training are boot, not training
+MANY_DEVICES = 10  # above this many workers, workers are drawn as a median and a band
+MAX_FAULT_LABELS = 24  # above this many faults, markers get a legend instead of labels
+FAULT_COLORS = {
+    "crash": "#d62728", "restart": "#2ca02c", "pause": "#ff7f0e", "resume": "#bcbd22",
+    "partition": "#9467bd", "heal": "#17becf", "cpus": "#8c564b", "link": "#7f7f7f",
+}
+REPETITION_STYLES = ("-", "--", ":", "-.")  # several runs under one label (repetitions): one colour, these styles
+BYTES = EngFormatter(unit="B", places=0, sep=" ")
+BYTE_RATE = EngFormatter(unit="B/s", places=0, sep=" ")
+# On a log axis under two decades wide, label the minor ticks 2, 3 and 5 x 10^k only (the others crowd).
+_MINOR_BYTES = FuncFormatter(lambda v, pos: BYTES(v, pos) if v > 0 and f"{v:.0e}"[0] in "235" else "")
+
+
+def _figure(title: str, size=SIZE) -> tuple[Figure, object]:
+    fig = Figure(figsize=size, dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def save(fig: Figure, path: str | Path) -> Path:
+    """Write a figure as PNG (Agg) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+def _short(device: str) -> str:
+    return device.replace("worker-", "w") if isinstance(device, str) else str(device)
+
+
+def _curves(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]]) -> list[tuple[str, list[pd.DataFrame]]]:
+    """Normalise ``label -> table or tables`` (repetitions share a colour and one legend entry)."""
+    out = []
+    for label, value in curves.items():
+        tables = [value] if isinstance(value, pd.DataFrame) else list(value)
+        tables = [t for t in tables if t is not None and len(t)]
+        if tables:
+            out.append((label, tables))
+    return out
+
+
+def _legend(ax, count: int, outside: bool = False) -> None:
+    """A legend inside for a few entries; outside on the right for many, or when ``outside``
+    (figures whose fault labels run along the top)."""
+    if count == 0:
+        return
+    if count > 8 or outside:
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    else:
+        ax.legend(fontsize="small", loc="best")
+
+
+def _accuracy(curves, x: str, title: str, xlabel: str, log_x: bool = False) -> Figure | None:
+    drawn = _curves(curves)
+    if not drawn:
+        return None
+    fig, ax = _figure(title)
+    for i, (label, tables) in enumerate(drawn):
+        color = f"C{i % 10}"
+        for j, table in enumerate(tables):
+            rows = table.dropna(subset=[x, "accuracy"]).sort_values(x)
+            if log_x:
+                rows = rows[rows[x] > 0]
+            ax.plot(rows[x], rows["accuracy"], marker="o", markersize=3, linewidth=1.4, color=color,
+                    linestyle=REPETITION_STYLES[j % len(REPETITION_STYLES)], label=label if j == 0 else None)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("test accuracy")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ax.set_ylim(0, 1)
+    if log_x:
+        _log_bytes(ax.xaxis, ax.set_xscale)
+    _legend(ax, len(drawn))
+    return fig
+
+
+def _log_bytes(axis, set_scale) -> None:
+    """A log byte axis labelled in SI prefixes; minor ticks labelled when it spans under two decades
+    (all of them under one decade, else 2, 3 and 5 x 10^k)."""
+    set_scale("log")
+    axis.set_major_formatter(BYTES)
+    axis.axes.autoscale_view()  # the limits are computed lazily: settle them before reading them
+    low, high = axis.get_view_interval()
+    span = high / low if low > 0 else math.inf
+    axis.set_minor_formatter(BYTES if span < 10 else _MINOR_BYTES if span < 100 else NullFormatter())
+    axis.set_tick_params(which="both", labelsize="small")
+    axis.set_tick_params(which="minor", pad=5.0)  # minor ticks are shorter: align their labels with the major ones
+
+
+def accuracy_vs_time(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]]) -> Figure | None:
+    """Test accuracy against training time; ``curves`` maps a label to accuracy table(s).
+
+    Several tables under one label (repetitions) share its colour, in line styles solid, dashed,
+    dotted, dash-dot; the same holds for the other accuracy figures.
+    """
+    return _accuracy(curves, "model_time_s", "Test accuracy over time", "training time of the evaluated snapshot (s)")
+
+
+def accuracy_vs_updates(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]]) -> Figure | None:
+    """Test accuracy against the number of updates the server applied (model version)."""
+    return _accuracy(curves, "version", "Test accuracy over updates", "updates applied by the server")
+
+
+def accuracy_vs_ingress(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]]) -> Figure | None:
+    """Test accuracy against cumulative ingress at the server (log x): the paper's trade-off.
+
+    Tables need ``ingress_bytes`` (see :func:`analysis.runs.accuracy_with_ingress`).
+    """
+    return _accuracy(curves, "ingress_bytes", "Test accuracy against traffic received by the server",
+                     "cumulative ingress payload at the server (bytes, log scale)", log_x=True)
+
+
+def _fault_markers(ax, faults: pd.DataFrame | None, x_range: tuple[float, float] | None = None) -> None:
+    """Vertical lines at each fault, coloured by action; labelled ``crash w3`` when few."""
+    if faults is None or faults.empty:
+        return
+    rows = faults.dropna(subset=["time_s"])
+    if x_range is not None:
+        rows = rows[(rows["time_s"] >= x_range[0]) & (rows["time_s"] <= x_range[1])]
+    labelled = len(rows) <= MAX_FAULT_LABELS
+    seen: set[str] = set()
+    transform = ax.get_xaxis_transform()
+    for _, row in rows.iterrows():
+        action = str(row["action"])
+        color = FAULT_COLORS.get(action, "black")
+        legend = None if labelled or action in seen else f"fault: {action}"
+        seen.add(action)
+        ax.axvline(row["time_s"], color=color, linestyle="--", linewidth=1.0, alpha=0.85, label=legend)
+        if labelled:
+            ax.text(row["time_s"], 0.98, f" {action} {_short(row['target'])}", transform=transform, rotation=90,
+                    va="top", ha="right", fontsize="x-small", color=color)
+
+
+def ingress_rate(per_second: pd.DataFrame, faults: pd.DataFrame | None = None) -> Figure | None:
+    """Server ingress per worker over time (stacked, bytes/s), fault events as labelled vertical lines.
+
+    ``per_second`` is :func:`analysis.runs.ingress_per_second`: index seconds, one column per worker.
+    """
+    if per_second is None or per_second.empty or per_second.to_numpy().sum() == 0:
+        return None
+    fig, ax = _figure("Ingress at the server per worker")
+    x = per_second.index.to_numpy(dtype=float) + 0.5  # the middle of each one-second bin
+    columns = list(per_second.columns)
+    many = len(columns) > 12
+    ax.stackplot(x, per_second.to_numpy(dtype=float).T, labels=() if many else [f"worker {c}" for c in columns],
+                 colors=[f"C{i % 10}" for i in range(len(columns))], alpha=0.85, linewidth=0)
+    ax.plot(x, per_second.sum(axis=1), color="black", linewidth=1.0, label=f"total ({len(columns)} workers)")
+    ax.set_xlim(min(0.0, x.min()), x.max())
+    ax.set_ylim(0, per_second.sum(axis=1).max() * (1.25 if faults is not None and len(faults) else 1.05))
+    _fault_markers(ax, faults, (x.min() - 1, x.max() + 1))
+    ax.set_xlabel("training time (s)")
+    ax.set_ylabel("ingress rate (bytes/s, stacked)")
+    ax.yaxis.set_major_formatter(BYTE_RATE)
+    handles = ax.get_legend_handles_labels()[0]
+    _legend(ax, len(handles), outside=faults is not None and len(faults) > 0)
+    return fig
+
+
+def staleness_histogram(updates: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]]) -> Figure | None:
+    """Distribution of update staleness (``t - t0``); one histogram per label (e.g. per method).
+
+    One label: counts. Several: each label's fraction of its updates, as outlined steps.
+    """
+    drawn = [(label, pd.concat(tables)["staleness"].dropna().to_numpy()) for label, tables in _curves(updates)]
+    drawn = [(label, values) for label, values in drawn if len(values)]
+    if not drawn:
+        return None
+    fig, ax = _figure("Staleness of applied updates")
+    everything = np.concatenate([values for _, values in drawn])
+    top = int(max(np.ceil(np.percentile(everything, 99.5)), 1))  # a few very stale updates must not squash the rest
+    if everything.max() <= max(1.5 * top, top + 10):
+        top = int(everything.max())  # nothing far out: show it all
+    beyond = int((everything > top).sum())
+    bins = np.arange(-0.5, top + 1.5, max(1, math.ceil((top + 1) / 60)))
+    if len(drawn) == 1:
+        label, values = drawn[0]
+        ax.hist(values, bins=bins, color="C0", edgecolor="white", linewidth=0.5)
+        ax.set_ylabel("updates")
+        ax.axvline(values.mean(), color="black", linestyle="--", linewidth=1, label=f"mean {values.mean():.1f}")
+        ax.axvline(np.median(values), color="C3", linestyle=":", linewidth=1.5, label=f"median {np.median(values):g}")
+        ax.legend(fontsize="small")
+    else:
+        for i, (label, values) in enumerate(drawn):
+            weights = np.full(len(values), 1.0 / len(values))
+            ax.hist(values, bins=bins, weights=weights, histtype="step", linewidth=1.6, color=f"C{i % 10}",
+                    label=f"{label} (mean {values.mean():.1f})")
+        ax.set_ylabel("fraction of updates")
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+        _legend(ax, len(drawn))
+    ax.set_xlabel("staleness (updates applied between a worker's pull and its push)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlim(-0.5, top + 0.5)
+    if beyond:
+        ax.text(0.99, 0.70, f"{beyond} update{'s' if beyond > 1 else ''} with staleness > {top}\nnot shown (max {int(everything.max())})",
+                transform=ax.transAxes, ha="right", va="top", fontsize="x-small", color="gray")
+    return fig
+
+
+def worker_share(shares: pd.Series, groups: Mapping[int, str] | None = None, cpus: Mapping[int, float] | None = None) -> Figure | None:
+    """Each worker's share of the applied updates (bars, coloured by worker group), equal share dashed.
+
+    ``groups`` colours the bars by worker group; ``cpus`` adds each worker's planned CPU quota
+    under its number (up to 20 workers), which is what explains unequal shares.
+    """
+    if shares is None or shares.empty or shares.sum() == 0:
+        return None
+    fig, ax = _figure("Share of applied updates per worker")
+    workers = list(shares.index)
+    names = [(groups or {}).get(w, "workers") for w in workers]
+    palette = {name: f"C{i % 10}" for i, name in enumerate(dict.fromkeys(names))}
+    ax.bar(range(len(workers)), shares.to_numpy(), color=[palette[n] for n in names], width=0.8)
+    if len(palette) > 1:
+        for name, color in palette.items():
+            ax.bar([np.nan], [np.nan], color=color, label=f"group {name}")  # one legend entry per group
+    ax.axhline(1.0 / len(workers), color="black", linestyle="--", linewidth=1, label=f"equal share (1/{len(workers)})")
+    with_cpus = cpus is not None and len(workers) <= 20
+    ticks = [f"{w}\n{cpus[w]:.2g} cpu" if with_cpus and w in cpus else str(w) for w in workers]
+    ax.set_xticks(range(len(workers)), ticks, fontsize="small" if len(workers) <= 30 else "xx-small",
+                  rotation=0 if len(workers) <= 30 else 90)
+    ax.set_xlabel("worker" + (" (planned CPU quota)" if with_cpus else ""))
+    ax.set_ylabel("share of applied updates")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ax.legend(fontsize="small")
+    return fig
+
+
+def _device_lines(ax, rates: pd.DataFrame, column: str, quotas: Mapping[str, float] | None = None) -> None:
+    """One line per device; many workers become their median and 10-90 % band."""
+    devices = sorted(rates["device"].unique(), key=lambda d: (not str(d) == "server", not str(d) == "evaluator", _order(d)))
+    workers = [d for d in devices if str(d).startswith("worker-")]
+    others = [d for d in devices if d not in workers]
+    banded = len(workers) > MANY_DEVICES
+    for i, device in enumerate(others + ([] if banded else workers)):
+        rows = rates[rates["device"] == device]
+        color = f"C{i % 10}"
+        ax.plot(rows["time_s"], rows[column], color=color, linewidth=1.3, label=str(device))
+        if quotas and device in quotas and len(devices) <= 8:
+            ax.axhline(quotas[device], color=color, linestyle=":", linewidth=1)
+    if banded:
+        table = rates[rates["device"].isin(workers)].assign(second=lambda f: f["time_s"].round())
+        grouped = table.groupby("second")[column]
+        ax.fill_between(grouped.quantile(0.1).index, grouped.quantile(0.1), grouped.quantile(0.9), color="C7", alpha=0.3,
+                        label=f"workers, 10-90 % ({len(workers)})")
+        ax.plot(grouped.median().index, grouped.median(), color="C7", linewidth=1.5, label="workers, median")
+
+
+def _order(device) -> tuple:
+    text = str(device)
+    head, _, tail = text.rpartition("-")
+    return (head, int(tail)) if tail.isdigit() else (text, -1)
+
+
+def cpu_utilisation(stats: pd.DataFrame, quotas: Mapping[str, float] | None = None, faults: pd.DataFrame | None = None) -> Figure | None:
+    """CPU used per device over time (cores: CPU-seconds per second), planned quotas dotted."""
+    from .runs import counter_rates
+
+    if stats is None or stats.empty or stats["cpu_s"].notna().sum() == 0:
+        return None
+    rates = counter_rates(stats.dropna(subset=["cpu_s"]), "device", ("cpu_s",))
+    rates = rates[rates["since_s"] >= -BOOT_MARGIN_S]  # boot (loading TensorFlow, unthrottled) is not the subject
+    if rates.empty:
+        return None
+    fig, ax = _figure("CPU utilisation per device")
+    _device_lines(ax, rates, "cpu_s_rate", quotas)
+    _fault_markers(ax, faults, (rates["time_s"].min(), rates["time_s"].max()))
+    ax.set_xlabel("training time (s)")
+    ax.set_ylabel("CPU used (cores)" + (", quota dotted" if quotas and rates["device"].nunique() <= 8 else ""))
+    ax.set_ylim(bottom=0)
+    _legend(ax, len(ax.get_legend_handles_labels()[0]), outside=faults is not None and len(faults) > 0)
+    return fig
+
+
+def link_utilisation(net: pd.DataFrame, faults: pd.DataFrame | None = None) -> Figure | None:
+    """Bytes per second on each device's interface, received (top) and sent (bottom); docker only."""
+    from .runs import counter_rates
+
+    if net is None or net.empty or net["rx_bytes"].notna().sum() == 0:
+        return None
+    rates = counter_rates(net.dropna(subset=["rx_bytes", "tx_bytes"]), "device", ("rx_bytes", "tx_bytes"))
+    rates = rates[rates["since_s"] >= -BOOT_MARGIN_S]  # not the boot and the fidelity probes' bulk transfers
+    if rates.empty:
+        return None
+    fig = Figure(figsize=(SIZE[0], SIZE[1] * 1.5), dpi=DPI, layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    for ax, column, what in ((top, "rx_bytes_rate", "received"), (bottom, "tx_bytes_rate", "sent")):
+        ax.grid(True, alpha=0.3)
+        _device_lines(ax, rates, column)
+        _fault_markers(ax, faults, (rates["time_s"].min(), rates["time_s"].max()))
+        medians = rates[rates[column] > 0].groupby("device")[column].median()
+        if len(medians) > 1 and medians.max() / medians.min() > 30:  # the server's dense models beside compressed updates
+            ax.set_yscale("log")
+            ax.set_ylabel(f"{what} (bytes/s, log scale)")
+        else:
+            ax.set_ylim(bottom=0)
+            ax.set_ylabel(f"{what} (bytes/s)")
+        ax.yaxis.set_major_formatter(BYTE_RATE)
+    top.set_title("Link utilisation per device (network interface counters)")
+    bottom.set_xlabel("training time (s)")
+    _legend(top, len(top.get_legend_handles_labels()[0]), outside=faults is not None and len(faults) > 0)
+    return fig
+
+
+# -- sweeps ------------------------------------------------------------------------------
+
+METRIC_LABELS = {
+    "final_accuracy": "final test accuracy",
+    "ingress_payload_bytes": "ingress payload at the server (bytes)",
+    "updates": "updates applied",
+    "duration_s": "training time (s)",
+}
+
+
+def _is_numeric(values) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def sweep_metric(aggregate: pd.DataFrame, x_key: str, metric: str, series_keys: Sequence[str] = ()) -> Figure | None:
+    """Mean of ``metric`` against grid key ``x_key`` with 95 % confidence intervals as error bars.
+
+    ``aggregate`` is :func:`analysis.sweep.aggregate`'s table (columns ``<metric>_mean`` and
+    ``<metric>_ci95``). One line per combination of ``series_keys`` (e.g. ``method.name``).
+    A numeric key gets a numeric axis; others (a CPU distribution, shown as its YAML text) one
+    tick per value, in grid order.
+    """
+    mean, ci = f"{metric}_mean", f"{metric}_ci95"
+    if aggregate is None or aggregate.empty or mean not in aggregate or aggregate[mean].notna().sum() == 0:
+        return None
+    name = METRIC_LABELS.get(metric, metric)
+    fig, ax = _figure(f"{name[0].upper()}{name[1:]} against {x_key}")
+    x_values = list(dict.fromkeys(aggregate[x_key].tolist()))
+    numeric = _is_numeric(x_values)
+    position = {v: (v if numeric else i) for i, v in enumerate(x_values)}
+    groups = aggregate.groupby(list(series_keys), sort=False, dropna=False) if series_keys else [((), aggregate)]
+    groups = list(groups)
+    width = 0.0 if numeric else min(0.08, 0.4 / max(1, len(groups)))  # side by side, so that error bars do not hide each other
+    for i, (key, rows) in enumerate(groups):
+        key = key if isinstance(key, tuple) else (key,)
+        text = ", ".join(f"{k}={v}" for k, v in zip(series_keys, key)) or metric
+        offset = (i - (len(groups) - 1) / 2) * width
+        xs = np.array([position[v] for v in rows[x_key]], dtype=float) + offset
+        order = np.argsort(xs)
+        yerr = rows[ci].fillna(0).to_numpy() if ci in rows else None
+        ax.errorbar(xs[order], rows[mean].to_numpy()[order], yerr=None if yerr is None else yerr[order], marker="o",
+                    capsize=4, linewidth=1.5, color=f"C{i % 10}", label=text)
+    if not numeric:
+        ax.set_xticks(range(len(x_values)), [str(v) for v in x_values], fontsize="small")
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(f"{name}, mean and 95 % CI")
+    if metric == "final_accuracy":
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+        low, high = ax.get_ylim()
+        ax.set_ylim(max(0.0, low), min(1.0, high))  # an interval past 0 % or 100 % runs off the chart
+    if metric.endswith("_bytes"):
+        values = aggregate[mean].dropna()
+        if len(values) and values.min() > 0 and values.max() / values.min() > 20:
+            _log_bytes(ax.yaxis, ax.set_yscale)
+        else:
+            ax.yaxis.set_major_formatter(BYTES)
+    n = aggregate["n"] if "n" in aggregate else pd.Series(dtype=float)
+    if len(n) and n.max() < 2:
+        ax.text(0.99, 0.02, "one repetition per point: no interval", transform=ax.transAxes, ha="right",
+                va="bottom", fontsize="x-small", color="gray")
+    if series_keys:
+        _legend(ax, len(groups))
+    return fig
+
+
+__all__ = [
+    "accuracy_vs_ingress", "accuracy_vs_time", "accuracy_vs_updates", "cpu_utilisation", "ingress_rate",
+    "link_utilisation", "save", "staleness_histogram", "sweep_metric", "worker_share",
+]

@@ -1,0 +1,495 @@
+"""A sweep: one scenario run over a Cartesian grid of overrides, each grid point repeated with derived seeds.
+
+The grid uses ``--set``'s dotted paths and YAML values (``faults.crash.rate_per_hour=0,6,30``,
+``workers[0].cpus=0.2,{uniform: [0.1, 0.3]}``): values are split at top-level commas (not inside
+brackets, braces or quotes) and each is applied with :func:`emulator.scenario.apply_override`.
+
+Contract, in the order :func:`run_sweep` keeps it:
+
+* **Validate first.** Every grid point x repetition is loaded, validated and planned before
+  anything runs; problems are raised together in one :class:`SweepError`, each naming its grid
+  point (``grid point 2 (faults.crash.rate_per_hour=-1): faults.crash.rate_per_hour: must be >= 0``).
+* **Seeds.** Repetition ``r`` of a point runs with ``seed_r = (seed + r * 2654435761) mod 2**32``,
+  ``seed`` being the point's own seed (the scenario's, or the grid's when ``seed`` is a grid key).
+  ``r = 0`` is the scenario as written; different ``r`` give different seeds (the stride is odd,
+  so ``r -> seed_r`` is one-to-one below 2**32); the same ``r`` gives the same seed at every point,
+  so points are compared on the same draws (common random numbers).
+* **Run ids** are deterministic: ``<slug of the assignments>-<6 hex of their hash>-r<r>``; a run
+  directory is ``<sweep dir>/<run id>``. A run whose ``summary.json`` says ``completed`` with the
+  same plan digest is reused on a rerun; an unfinished one is moved to ``.attempts/`` and rerun.
+* **Concurrency.** At most ``jobs`` runs at once. The default is what the machine can take:
+  ``max(1, floor(cpu_count / max over grid points of the sum of the plan's device CPU quotas))``
+  (server, evaluator and workers; a run needing more than ``cpu_count`` runs alone). Devices boot
+  unthrottled (loading TensorFlow), so overlapping boots only slow each other down.
+* **Failures are data.** A failed run is recorded (status, error, log in ``logs/<run id>.log``)
+  and the sweep goes on. ``sweep.json`` (grid, points, run ids, seeds, statuses) is rewritten
+  after every change.
+
+The runner that executes one run is injectable (``runner=``): the default starts
+``python -m emulator.cli run`` in a subprocess per run, so that runs are isolated and Ctrl-C
+reaches each run's own teardown; tests pass a fake.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+import yaml
+
+from .rundir import write_json_atomic
+from .scenario import ScenarioError, load_scenario
+from .units import format_duration
+
+SEED_STRIDE = 2654435761  # odd (Knuth's multiplicative hash constant): r -> seed_r is one-to-one mod 2**32
+SEED_MODULUS = 2**32
+SEED_RULE = "seed_r = (seed + r * 2654435761) mod 2**32; r = 0 is the scenario's seed; same r, same seed at every grid point"
+MAX_SLUG = 60
+
+
+class SweepError(ValueError):
+    """The sweep cannot start: a bad --grid option, or grid points whose scenario is invalid."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+    def render(self) -> str:
+        shown = self.problems[:20]
+        more = len(self.problems) - len(shown)
+        return "\n".join(["invalid sweep:", *(f"  {p}" for p in shown), *([f"  ... and {more} more"] if more else [])])
+
+
+# -- the grid ----------------------------------------------------------------------------
+
+
+def split_values(text: str) -> list[str]:
+    """Split ``a,{b: [1, 2]},'c,d'`` at the commas outside brackets, braces and quotes."""
+    parts, depth, quote, current = [], 0, "", []
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        current.append(char)
+    parts.append("".join(current).strip())
+    if quote or depth:
+        raise SweepError([f"--grid: unbalanced {'quote' if quote else 'brackets'} in {text!r}"])
+    return parts
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One grid key and its values, as YAML texts (parsed when applied, like --set)."""
+
+    key: str
+    values: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, option: str) -> "Axis":
+        """``key=v1,v2,...`` (``--grid``'s syntax)."""
+        key, sep, values = option.partition("=")
+        if not sep or not key.strip():
+            raise SweepError([f"--grid: expected key=value1,value2,..., got {option!r}"])
+        parsed = split_values(values)
+        if any(v == "" for v in parsed):
+            raise SweepError([f"--grid {key.strip()}: empty value in {values!r}"])
+        if len(set(parsed)) != len(parsed):
+            raise SweepError([f"--grid {key.strip()}: a value is given twice in {values!r}"])
+        return cls(key.strip(), tuple(parsed))
+
+
+def parse_value(text: str):
+    """A grid value as ``--set`` reads it (YAML; unparsable text stays a string)."""
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
+
+
+def grid_points(axes: tuple[Axis, ...]) -> list[tuple[tuple[str, str], ...]]:
+    """The Cartesian product, first axis slowest: each point a tuple of ``(key, value text)``."""
+    keys = [a.key for a in axes]
+    if len(set(keys)) != len(keys):
+        raise SweepError([f"--grid: key {k!r} given twice" for k in sorted({k for k in keys if keys.count(k) > 1})])
+    return [tuple(zip(keys, combo)) for combo in itertools.product(*(a.values for a in axes))]
+
+
+def repetition_seed(seed: int, repetition: int) -> int:
+    """The seed of repetition ``r`` (see the module docstring)."""
+    return (int(seed) + repetition * SEED_STRIDE) % SEED_MODULUS
+
+
+def point_label(assignments) -> str:
+    return ", ".join(f"{k}={v}" for k, v in assignments) or "(no grid)"
+
+
+def _leaf(key: str) -> str:
+    """``faults.crash.rate_per_hour`` -> ``rate_per_hour``; ``workers[0].cpus`` -> ``cpus``."""
+    return re.sub(r"\[\d+\]", "", key).rsplit(".", 1)[-1]
+
+
+def run_id(assignments: tuple[tuple[str, str], ...], repetition: int) -> str:
+    """Deterministic run id of a grid point's repetition, readable and valid as a directory name."""
+    canonical = json.dumps([[k, parse_value(v)] for k, v in assignments], sort_keys=True, default=str)
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:6]
+    def clean(text: str) -> str:
+        return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_.")
+
+    slug = "_".join(f"{clean(_leaf(k))}-{clean(v)}" for k, v in assignments)[:MAX_SLUG].strip("-_.")
+    return f"{slug + '-' if slug else ''}{digest}-r{repetition}"
+
+
+# -- the sweep ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One grid point x repetition, validated: what to run and what it should produce."""
+
+    point: int
+    repetition: int
+    assignments: tuple[tuple[str, str], ...]
+    seed: int
+    run_id: str
+    overrides: tuple[str, ...]  # every --set for this run: the sweep's, the grid's, then the seed
+    plan_digest: str
+    cpus: float  # sum of the plan's device CPU quotas
+
+    @property
+    def label(self) -> str:
+        return f"{point_label(self.assignments)} r{self.repetition}"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What to run: a scenario file, a grid, repetitions, overrides for every run, a backend."""
+
+    scenario: Path
+    axes: tuple[Axis, ...] = ()
+    repeat: int = 1
+    overrides: tuple[str, ...] = ()
+    backend: str | None = None  # None: the scenario's
+    check_fidelity: bool = True
+
+    @classmethod
+    def from_options(cls, scenario, grid: list[str] | tuple[str, ...] = (), **kwargs) -> "Sweep":
+        return cls(Path(scenario), tuple(Axis.parse(g) for g in grid), **kwargs)
+
+    def points(self) -> list[tuple[tuple[str, str], ...]]:
+        return grid_points(self.axes)
+
+    def digest(self) -> str:
+        """Identity of the sweep for its default directory: the scenario's bytes, overrides, grid, backend."""
+        h = hashlib.sha256(Path(self.scenario).read_bytes())
+        h.update(json.dumps([list(self.overrides), [[a.key, list(a.values)] for a in self.axes], self.backend]).encode())
+        return h.hexdigest()[:8]
+
+    def plan(self) -> list[PlannedRun]:
+        """Validate and plan every grid point x repetition; :class:`SweepError` names each bad point."""
+        from .plan import make_plan
+
+        if self.repeat < 1:
+            raise SweepError([f"--repeat must be >= 1, got {self.repeat}"])
+        planned, problems = [], []
+        for index, assignments in enumerate(self.points()):
+            grid_sets = [f"{k}={v}" for k, v in assignments]
+            base = [*self.overrides, *grid_sets]
+            try:
+                scenario, raw = load_scenario(self.scenario, base)
+                for r in range(self.repeat):
+                    seed = repetition_seed(scenario.seed, r)
+                    overrides = tuple(base + ([f"seed={seed}"] if r else []))
+                    s = scenario if r == 0 else load_scenario(self.scenario, list(overrides))[0]
+                    p = make_plan(s)
+                    cpus = sum(d.cpus for d in p.devices)
+                    planned.append(PlannedRun(index, r, assignments, seed, run_id(assignments, r), overrides, p.digest(), cpus))
+            except ScenarioError as exc:
+                problems += [f"grid point {index} ({point_label(assignments)}): {p}" for p in exc.problems]
+            except ValueError as exc:
+                problems.append(f"grid point {index} ({point_label(assignments)}): {exc}")
+        if problems:
+            raise SweepError(problems)
+        ids = [p.run_id for p in planned]
+        if len(set(ids)) != len(ids):  # only if two value texts parse to the same value, e.g. 1 and 1.0 as YAML
+            raise SweepError(["two grid points have the same values once parsed: " + ", ".join(sorted({i for i in ids if ids.count(i) > 1}))])
+        return planned
+
+
+def default_jobs(planned: list[PlannedRun], cpu_count: int | None = None) -> int:
+    """``max(1, floor(cpus / heaviest run))``: runs at once without oversubscribing the CPUs."""
+    cpus = cpu_count or os.cpu_count() or 1
+    heaviest = max((p.cpus for p in planned), default=1.0)
+    return max(1, math.floor(cpus / max(min(heaviest, cpus), 1e-9) + 1e-9))
+
+
+def default_directory(sweep: Sweep, root: str | Path = "runs/sweeps") -> Path:
+    scenario, _ = load_scenario(sweep.scenario, list(sweep.overrides))
+    return Path(root) / f"{scenario.name}-{sweep.digest()}"
+
+
+# -- running -----------------------------------------------------------------------------
+
+
+class Runner(Protocol):
+    """Runs one planned run into ``<sweep dir>/<run id>``; what it leaves there is the result.
+
+    It may raise: the run is then recorded as failed with that error. The sweep reads the
+    status from ``<run id>/summary.json``.
+    """
+
+    def __call__(self, run: PlannedRun, sweep: Sweep, directory: Path) -> None: ...
+
+
+class SubprocessRunner:
+    """Each run is ``python -m emulator.cli run ... --run-id ID --out DIR --quiet``, logged to ``logs/ID.log``."""
+
+    def __init__(self):
+        self._live: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+
+    def command(self, run: PlannedRun, sweep: Sweep, directory: Path) -> list[str]:
+        cmd = [sys.executable, "-m", "emulator.cli", "run", str(Path(sweep.scenario).resolve()), "--out", str(directory),
+               "--run-id", run.run_id, "--quiet"]
+        for assignment in run.overrides:
+            cmd += ["--set", assignment]
+        if sweep.backend:
+            cmd += ["--backend", sweep.backend]
+        if not sweep.check_fidelity:
+            cmd.append("--no-fidelity")
+        return cmd
+
+    def __call__(self, run: PlannedRun, sweep: Sweep, directory: Path) -> None:
+        log = directory / "logs" / f"{run.run_id}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as fh:
+            # A session of its own: a Ctrl-C at the terminal reaches the sweep only, which then
+            # sends each run exactly one SIGINT (a second one could cut its teardown short).
+            proc = subprocess.Popen(self.command(run, sweep, directory), stdout=fh, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            with self._lock:
+                self._live.add(proc)
+            try:
+                code = proc.wait()
+            finally:
+                with self._lock:
+                    self._live.discard(proc)
+        if code != 0:
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+            raise RuntimeError(f"exit status {code}: {tail[0]} (log: {log})")
+
+    def interrupt(self) -> None:
+        """Ask every running run to stop, once (SIGINT: each tears down and writes its summary)."""
+        with self._lock:
+            for proc in self._live:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+
+
+@dataclass
+class SweepResult:
+    directory: Path
+    runs: list[dict]  # the entries of sweep.json's points[*].runs, flattened
+    jobs: int
+    interrupted: bool = False
+
+    def count(self, status: str) -> int:
+        return sum(1 for r in self.runs if r["status"] == status)
+
+    @property
+    def failed(self) -> list[dict]:
+        return [r for r in self.runs if r["status"] != "completed"]
+
+
+@dataclass
+class _State:
+    """The sweep's bookkeeping; every change is written to ``sweep.json`` at once, under the lock."""
+
+    sweep: Sweep
+    name: str
+    directory: Path
+    planned: list[PlannedRun]
+    jobs: int
+    entries: dict[str, dict] = field(default_factory=dict)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def update(self, run_id: str, **fields) -> dict:
+        with self.lock:
+            self.entries[run_id].update(fields)
+            self.write()
+            return dict(self.entries[run_id])
+
+    def write(self) -> None:
+        name = self.name
+        points = []
+        for index, assignments in enumerate(self.sweep.points()):
+            runs = [self.entries[p.run_id] for p in self.planned if p.point == index]
+            points.append({"index": index, "values": {k: parse_value(v) for k, v in assignments},
+                           "assignments": [f"{k}={v}" for k, v in assignments], "runs": runs})
+        data = {
+            "name": name, "scenario": str(self.sweep.scenario), "overrides": list(self.sweep.overrides),
+            "backend": self.sweep.backend or "scenario", "repeat": self.sweep.repeat, "jobs": self.jobs,
+            "seed_rule": SEED_RULE,
+            "grid": [{"key": a.key, "values": [parse_value(v) for v in a.values], "texts": list(a.values)} for a in self.sweep.axes],
+            "points": points, "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        with self.lock:
+            write_json_atomic(self.directory / "sweep.json", data)
+
+
+def _finished(directory: Path, run: PlannedRun) -> dict | None:
+    """The summary of a completed run of the same plan in its directory, else None."""
+    try:
+        summary = json.loads((directory / run.run_id / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if summary.get("status") == "completed" else None
+
+
+def _set_aside(directory: Path, run: PlannedRun) -> None:
+    """Move an unfinished attempt out of the way (kept in ``.attempts/`` for post-mortems)."""
+    path = directory / run.run_id
+    if not path.exists():
+        return
+    attempts = directory / ".attempts"
+    attempts.mkdir(exist_ok=True)
+    n = 1
+    while (attempts / f"{run.run_id}.{n}").exists():
+        n += 1
+    shutil.move(str(path), attempts / f"{run.run_id}.{n}")
+
+
+def run_sweep(sweep: Sweep, directory: str | Path, *, jobs: int | None = None, runner: Runner | None = None,
+              say: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic) -> SweepResult:
+    """Validate every grid point, then run what is not already done, ``jobs`` at a time."""
+    planned = sweep.plan()  # raises before anything runs
+    directory = Path(directory)
+    jobs = jobs or default_jobs(planned)
+    if jobs < 1:
+        raise SweepError([f"--jobs must be >= 1, got {jobs}"])
+    stale = []
+    for run in planned:
+        summary = _finished(directory, run)
+        if summary is not None and summary.get("plan_digest") not in (None, run.plan_digest):
+            stale.append(f"{directory / run.run_id} holds a completed run of another plan "
+                         f"(digest {summary.get('plan_digest')}, expected {run.plan_digest}): the scenario changed; use another --out")
+    if stale:
+        raise SweepError(stale)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = _State(sweep, load_scenario(sweep.scenario, list(sweep.overrides))[0].name, directory, planned, jobs)
+    todo = []
+    for run in planned:
+        entry = {"run_id": run.run_id, "repetition": run.repetition, "seed": run.seed, "plan_digest": run.plan_digest,
+                 "status": "pending", "error": None, "wall_s": None}
+        if _finished(directory, run) is not None:
+            entry.update(status="completed", reused=True)
+        else:
+            todo.append(run)
+        state.entries[run.run_id] = entry
+    state.write()
+    total, reused = len(planned), len(planned) - len(todo)
+    say(f"sweep {directory}: {len(sweep.points())} grid point(s) x {sweep.repeat} repetition(s) = {total} run(s)"
+        + (f", {reused} already done" if reused else "") + f", {min(jobs, max(1, len(todo)))} at a time")
+    runner = runner or SubprocessRunner()
+    started = clock()
+    walls: list[float] = []
+    interrupted = False
+
+    def execute(run: PlannedRun) -> None:
+        _set_aside(directory, run)
+        state.update(run.run_id, status="running")
+        t0 = clock()
+        error = None
+        try:
+            runner(run, sweep, directory)
+        except Exception as exc:  # noqa: BLE001 - recorded: one failed run does not stop the sweep
+            error = f"{type(exc).__name__}: {exc}"
+        try:
+            summary = json.loads((directory / run.run_id / "summary.json").read_text())
+        except (OSError, ValueError):
+            summary = {}
+        status = summary.get("status") or "failed"
+        if error and status == "completed":
+            status = "failed"
+        walls.append(clock() - t0)
+        state.update(run.run_id, status=status, error=error or summary.get("error"), wall_s=round(clock() - t0, 3))
+
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous_term = signal.signal(signal.SIGTERM, _raise_interrupt) if on_main_thread else None
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sweep")
+    futures: dict[Future, PlannedRun] = {}
+    queue = list(todo)
+    try:
+        while queue or futures:
+            while queue and len(futures) < jobs:
+                run = queue.pop(0)
+                futures[pool.submit(execute, run)] = run
+            done, _ = wait(list(futures), timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in done:
+                run = futures.pop(future)
+                with state.lock:
+                    entry = dict(state.entries[run.run_id])
+                finished = total - len(queue) - len(futures)
+                say(_progress(finished, total, entry, run, len(futures), len(queue), jobs, walls, clock() - started))
+    except KeyboardInterrupt:
+        interrupted = True
+        say("sweep interrupted: stopping the running runs (each tears down and writes its summary)")
+        queue.clear()
+        if hasattr(runner, "interrupt"):
+            runner.interrupt()
+        wait(list(futures))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+        with state.lock:
+            for entry in state.entries.values():
+                if interrupted and entry["status"] in ("pending", "running"):
+                    entry["status"] = "interrupted"
+            state.write()
+    runs = [dict(state.entries[p.run_id]) for p in planned]
+    return SweepResult(directory, runs, jobs, interrupted)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _progress(finished, total, entry, run, running, queued, jobs, walls, elapsed) -> str:
+    parts = [f"[sweep {finished}/{total}] {run.label}: {entry['status']}"
+             + (f" in {format_duration(entry['wall_s'])}" if entry.get("wall_s") is not None else "")]
+    if entry["status"] != "completed" and entry.get("error"):
+        parts[-1] += f" ({entry['error']})"
+    parts.append(f"elapsed {format_duration(elapsed)}")
+    if walls and (running or queued):
+        mean = sum(walls) / len(walls)
+        parts.append(f"ETA {format_duration(mean * math.ceil((running + queued) / jobs))}")
+    return " | ".join(parts)
+
+
+__all__ = [
+    "Axis", "PlannedRun", "Runner", "SEED_RULE", "SEED_STRIDE", "SubprocessRunner", "Sweep", "SweepError", "SweepResult",
+    "default_directory", "default_jobs", "grid_points", "parse_value", "repetition_seed", "run_id", "run_sweep", "split_values",
+]
