@@ -6,11 +6,15 @@ STAMP := $(VENV)/.installed-$(shell cat requirements/lock.txt pyproject.toml 2>/
 SCENARIO ?= scenarios/quickstart.yaml
 
 .PHONY: setup demo test test-fast docker figures bench clean lock help
+FIGURES_PROFILE := $(if $(FAST),fast,full)
+BACKEND ?= auto
 
 help:
 	@echo "make demo       set up everything and run $(SCENARIO) (Docker when possible, else local)"
 	@echo "make test       the whole test suite (unit, slow training runs, Docker)"
 	@echo "make test-fast  unit tests only (seconds)"
+	@echo "make figures    run the paper's experiments, write figures/*.png and figures/results.md (FAST=1: minutes)"
+	@echo "make bench      the benchmark suite, written to .bench/results.json and .bench/results.md (QUICK=1)"
 	@echo "make clean      remove every container, network, cgroup and run directory of the emulator"
 
 setup: $(STAMP)
@@ -34,6 +38,12 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow and not docker" $(PYTEST_ARGS)
+
+figures: setup docker
+	$(BIN)/python -m analysis.paper --profile $(FIGURES_PROFILE) --backend $(BACKEND) --out figures
+
+bench: setup
+	$(BIN)/python -m benchmarks $(if $(QUICK),--quick,) --out .bench
 
 clean:
 	-$(BIN)/emulate clean

