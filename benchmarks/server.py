@@ -9,22 +9,14 @@ the AdaComp rule's apply cost at staleness 1, 100 and 10,000 (it must not grow w
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
-import os
-import secrets
 import socket
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
 from .common import cnn_layout, measure, realistic_gradient
-
-ROOT = Path(__file__).resolve().parents[1]
+from .pushers import ServerProcess, pusher
 
 
 def _loopback_receiver(port_q, seconds, result_q):
@@ -59,65 +51,21 @@ def raw_loopback_bytes_per_s(seconds: float = 2.0) -> float:
     return rate
 
 
-def _pusher(address, token, worker, message, seconds, start_evt, result_q):
-    from emulator.runtime import protocol
-    from emulator.runtime.protocol import MsgType
-    from emulator.runtime.transport import Channel, connect
-
-    channel = Channel(connect(address), token, None, 16 << 20, worker=worker)
-    channel.send(MsgType.HELLO, protocol.json_body({"role": "worker", "worker": worker}))
-    channel.recv()
-    start_evt.wait()
-    channel.send(MsgType.PULL)
-    header, _ = channel.recv(keep_buffer=True)
-    pushes, deadline = 0, time.perf_counter() + seconds
-    while time.perf_counter() < deadline and not header.flags & protocol.Flag.DONE:
-        channel.send(MsgType.PUSH, message, t0=header.t0)
-        header, _ = channel.recv(keep_buffer=True)
-        pushes += 1
-    result_q.put(pushes)
-    channel.close()
-
-
 def ingest(message: bytes, rule: str, pushers: int, seconds: float) -> dict:
-    from emulator.collector import Collector
-    from emulator.rundir import RunDirectory
-    from emulator.backends.local import free_port
-
-    layout = cnn_layout()
-    token = secrets.token_bytes(16)
-    with tempfile.TemporaryDirectory() as tmp:
-        rundir = RunDirectory(Path(tmp) / "run")
-        collector = Collector(rundir, token).start()
-        port = free_port()
-        cfg = {"name": "server", "role": "server", "token": token.hex(), "start_time": time.time(), "seed": 0,
-               "collector": list(collector.address), "bind": ["127.0.0.1", port], "layout": layout.to_json(),
-               "rule": rule, "learning_rate": 0.01, "max_updates": None}
-        env = dict(os.environ, EMU_CONFIG=json.dumps(cfg), PYTHONPATH=str(ROOT))
-        server = subprocess.Popen([sys.executable, "-m", "emulator.runtime.paramserver"], env=env, stderr=subprocess.DEVNULL)
-        try:
-            ctx = mp.get_context("fork")
-            start_evt, result_q = ctx.Event(), ctx.Queue()
-            procs = [ctx.Process(target=_pusher, args=(("127.0.0.1", port), token, i, message, seconds, start_evt, result_q))
-                     for i in range(pushers)]
-            for p in procs:
-                p.start()
-            deadline = time.monotonic() + 60
-            while len(collector.connected()) < 1 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.5)
-            collector.send("server", {"cmd": "start"})
-            start_evt.set()
-            cpu0 = _cpu_s(server.pid)
-            counts = [result_q.get(timeout=seconds + 120) for _ in procs]
-            cpu = _cpu_s(server.pid) - cpu0
-            for p in procs:
-                p.join()
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
-            collector.close()
-            rundir.close()
+    with ServerProcess(cnn_layout(), rule) as server:
+        ctx = mp.get_context("fork")
+        start_evt, result_q = ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=pusher, args=(server.address, server.token, i, message, seconds, start_evt, result_q))
+                 for i in range(pushers)]
+        for p in procs:
+            p.start()
+        server.start_training()
+        start_evt.set()
+        cpu0 = _cpu_s(server.pid)
+        counts = [result_q.get(timeout=seconds + 120)["answered"] for _ in procs]
+        cpu = _cpu_s(server.pid) - cpu0
+        for p in procs:
+            p.join()
     total = sum(counts)
     frame = len(message) + 38
     return {"pushers": pushers, "updates": total, "updates_per_s": total / seconds,

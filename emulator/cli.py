@@ -48,7 +48,7 @@ def main():
 
 @main.command()
 @click.argument("scenario_file", type=click.Path(dir_okay=False))
-@click.option("--backend", type=click.Choice(["auto", "local", "docker"]), default=None, help="Overrides the scenario's backend.")
+@click.option("--backend", type=click.Choice(["auto", "local", "docker", "swarm"]), default=None, help="Overrides the scenario's backend.")
 @set_option
 @click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False), help="Where run directories go.")
 @click.option("--run-id", default=None, help="Name of the run directory (default: time-name-random).")
@@ -156,7 +156,7 @@ def render_plan(p) -> str:
 @click.argument("scenario_file", type=click.Path(dir_okay=False))
 @click.option("-m", "--method", "methods", multiple=True, required=True, metavar="SPEC",
               help="A method to run: NAME[:KEY=VALUE]..., e.g. adacomp, qsgd:s=4, topk:c=0.001:error_feedback=true (repeatable).")
-@click.option("--backend", type=click.Choice(["auto", "local", "docker"]), default="auto", show_default=True)
+@click.option("--backend", type=click.Choice(["auto", "local", "docker", "swarm"]), default="auto", show_default=True)
 @set_option
 @click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option("--target-accuracy", type=click.FloatRange(0, 1), default=None,
@@ -228,6 +228,23 @@ def images_status():
     click.echo(json.dumps(image_lib.image_status(), indent=1))
 
 
+@images.command("push")
+@click.argument("registry")
+def images_push(registry):
+    """Push the runtime and swarm agent images to REGISTRY (host:port), for the nodes of a swarm
+    to pull (then run with EMULATE_SWARM_REGISTRY=REGISTRY)."""
+    from . import images as image_lib
+    from .backends.docker import client
+    from .backends.swarm import push_images
+
+    try:
+        refs = push_images(client(), registry, progress=_say)
+    except image_lib.ImageBuildError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    click.echo("\n".join(refs))
+
+
 @main.command()
 def doctor():
     """What this machine offers: Docker, kernel qdiscs, iptables, cgroups, image, data sets."""
@@ -267,7 +284,7 @@ def report(path, per_run):
               help="Runs at once (default: CPU count / the heaviest run's summed device CPU quotas, at least 1).")
 @click.option("--out", "directory", default=None, type=click.Path(file_okay=False),
               help="The sweep directory (default: runs/sweeps/<name>-<digest of scenario, overrides, grid, backend>).")
-@click.option("--backend", type=click.Choice(["auto", "local", "docker"]), default=None, help="Overrides the scenario's backend.")
+@click.option("--backend", type=click.Choice(["auto", "local", "docker", "swarm"]), default=None, help="Overrides the scenario's backend.")
 @set_option
 @click.option("--no-fidelity", is_flag=True, help="Skip each run's fidelity check.")
 @click.option("--no-report", is_flag=True, help="Do not write sweep.md, sweep.csv and the report at the end.")

@@ -21,9 +21,11 @@ Observer = Callable[[str, list[dict]], None]
 
 
 class Collector:
-    def __init__(self, rundir: RunDirectory, token: bytes, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, rundir: RunDirectory, token: bytes, host: str = "127.0.0.1", port: int = 0, *,
+                 clock: Callable[[], float] | None = None):
         self.rundir = rundir
         self.token = token
+        self.clock = clock  # the run's trace clock, for the collector's own records
         self._listener = socket.create_server((host, port), backlog=1024)
         self.address = self._listener.getsockname()[:2]
         self._observers: list[Observer] = []
@@ -114,7 +116,9 @@ class Collector:
         except protocol.ProtocolError as exc:
             self._refuse(exc.reason)
             if exc.reason == "bad_token":
-                self.emit("events", [{"kind": "collector_refused", "reason": "bad_token", "peer": f"{peer[0]}:{peer[1]}"}])
+                stamp = {"ts": round(self.clock(), 4)} if self.clock else {}
+                self.emit("events", [{**stamp, "source": "collector", "kind": "collector_refused", "reason": "bad_token",
+                                      "peer": f"{peer[0]}:{peer[1]}"}])
         except OSError:
             pass
         finally:

@@ -106,7 +106,10 @@ class LiveState:
                             self.server_started_ts = float(r.get("ts", 0.0))
                         self.training_started.set()
                     elif kind == "restored":
-                        self.lost_to_server += max(0, self.max_version - int(r.get("version", 0)))
+                        # The server's own count (its version mark survives the crash); the
+                        # traces alone would miss the updates of its last, unsent batch.
+                        lost = r.get("lost")
+                        self.lost_to_server += int(lost) if lost is not None else max(0, self.max_version - int(r.get("version", 0)))
                         self.updates = self.max_version = int(r.get("version", 0))
                     elif kind == "training_done":
                         self.done_reason = r.get("reason", "")
@@ -474,7 +477,7 @@ class Emulation:
             self.rundir.write_json("data.json", self.shards.to_json())
             ctx = RunContext(self.rundir.run_id, str(self.rundir.path), self.shards.directory, self.start_time)
             self.endpoints = self.backend.prepare(ctx, self.plan.devices)
-            self.collector = Collector(self.rundir, self.token, self.endpoints.collector_bind).start()
+            self.collector = Collector(self.rundir, self.token, self.endpoints.collector_bind, clock=self.now).start()
             self.collector.observe(self.state.observe)
             self.rundir.write_json("mechanisms.json", {d.name: self.backend.mechanisms(d) for d in self.plan.devices})
             self.event("run_started", run_id=self.rundir.run_id, backend=self.backend.name, dataset=self.shards.source,

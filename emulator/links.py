@@ -19,8 +19,10 @@ import subprocess
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .plan import LinkPlan
+if TYPE_CHECKING:  # annotations only: the swarm agent imports this module without the controller's dependencies
+    from .plan import LinkPlan
 
 HTB_ROOT = 0x10000
 HTB_CLASS = 0x10010
@@ -209,15 +211,31 @@ def peer_index(netns_path: str, ifname: str = "eth0") -> tuple[int, int]:
         return found[0], int(link.get_attr("IFLA_LINK"))
 
 
-def shape_device(netns_path: str, link: LinkPlan, features: KernelFeatures, ifname: str = "eth0") -> None:
-    """Shape both directions of a device's link: uplink inside its namespace, downlink on the host."""
+def shape_device(netns_path: str, link: LinkPlan, features: KernelFeatures, ifname: str = "eth0", peer_netns: str | None = None) -> None:
+    """Shape both directions of a device's link: uplink inside its namespace, downlink on the
+    veth peer, which is on the host (a bridge network) or in ``peer_netns`` (an overlay
+    network's namespace, where Docker puts the peer of a Swarm task's interface)."""
     inner, outer = peer_index(netns_path, ifname)
     with rtnl(netns_path) as ns:
         shape_egress(ns, inner, rate_bps=link.uplink_bps, delay_s=link.delay_s, jitter_s=link.jitter_s, loss=link.loss, features=features)
-    with rtnl() as host:
-        shape_egress(host, outer, rate_bps=link.downlink_bps, delay_s=link.delay_s, jitter_s=link.jitter_s, loss=link.loss, features=features)
+    with rtnl(peer_netns) as peer:
+        shape_egress(peer, outer, rate_bps=link.downlink_bps, delay_s=link.delay_s, jitter_s=link.jitter_s, loss=link.loss, features=features)
     if not features.netem and features.iptables_statistic:
         set_loss(netns_path, link.loss, ifname)
+
+
+def drop_default_route(netns_path: str) -> int:
+    """Remove every IPv4 default route in a device's namespace; returns how many there were.
+
+    Docker before 25 gives a container on an ``--internal`` network a default route through the
+    gateway (the host), so packets for any address reach the host, which delivers those for its
+    own addresses. The run's subnet stays on-link: the server, the other devices and the
+    collector on the gateway are reached as before, and nothing else is."""
+    with rtnl(netns_path) as ns:
+        routes = ns.get_default_routes(family=socket.AF_INET)
+        for route in routes:
+            ns.route("del", dst="0.0.0.0/0", gateway=route.get_attr("RTA_GATEWAY"), table=route.get_attr("RTA_TABLE"))
+        return len(routes)
 
 
 def _iptables(netns_path: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -100,14 +100,14 @@ def read_jsonl(path: str | Path) -> list[dict]:
     if not path.exists():
         return []
     records = []
-    with open(path) as fh:
+    with open(path, encoding="utf-8", errors="replace") as fh:  # a stray byte spoils one line, not the file
         lines = fh.read().split("\n")
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # JSONDecodeError, and what json refuses beyond it
             if number >= len(lines) - 1:
                 warnings.warn(f"{path}: last line is incomplete (run interrupted?); skipped", stacklevel=2)
             else:

@@ -473,7 +473,10 @@ def test_evaluator_poll_times_out_with_the_current_model(harness):
 
 
 def test_concurrent_workers(harness):
-    """Several workers pushing at once: every update applied once, versions distinct."""
+    """Several workers pushing at once: every update applied once, each with its own version.
+
+    A reply carries the version at the moment it is sent, so two replies may share a later
+    version; the versions the updates were applied as are what must be distinct."""
     h = harness(rule="plain")
     h.start()
     workers = [h.client(worker=i) for i in range(6)]
@@ -502,7 +505,8 @@ def test_concurrent_workers(harness):
         t.join(20)
     assert not errors
     assert h.server.version == 6 * steps
-    assert sorted(seen) == sorted(set(seen)) == list(range(1, 6 * steps + 1))
+    assert sorted(u["t"] for u in h.tel.stream("updates")) == list(range(1, 6 * steps + 1))
+    assert all(1 <= v <= 6 * steps for v in seen)
     assert h.server.params[0] == pytest.approx(p0[0] - ALPHA * 6 * steps, rel=1e-6)
     assert len(h.tel.stream("updates")) == 6 * steps
 

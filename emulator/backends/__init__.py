@@ -1,4 +1,5 @@
-"""Backends by name. ``local`` runs plain processes; ``docker`` one container per device."""
+"""Backends by name. ``local`` runs plain processes; ``docker`` one container per device; ``swarm``
+one service per device over the nodes of a Docker swarm."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from .base import Backend, BackendUnavailable, Endpoints, RunContext
 BACKENDS: dict[str, str] = {
     "local": "emulator.backends.local:LocalBackend",
     "docker": "emulator.backends.docker:DockerBackend",
+    "swarm": "emulator.backends.swarm:SwarmBackend",
 }
 
 

@@ -179,6 +179,7 @@ class DockerBackend(Backend):
             self.docker.api.update_container(container.id, cpu_quota=-1)
         container.start()
         container.reload()
+        links.drop_default_route(self._netns(device.name))  # internal means no way out (Docker < 25 adds one)
         with self._lock:
             self._host_index.pop(device.name, None)
 
@@ -323,7 +324,7 @@ def remove_labelled(run_id: str | None = None, docker_client=None) -> list[str]:
     docker_client = docker_client or client(timeout=30)
     label = f"{RUN_LABEL}={run_id}" if run_id else LABEL
     removed = []
-    for container in docker_client.containers.list(all=True, filters={"label": label}):
+    for container in docker_client.containers.list(all=True, filters={"label": label}, ignore_removed=True):
         try:
             container.remove(force=True)
             removed.append(f"container {container.name}")

@@ -3,12 +3,17 @@
 For machines without Docker and for fast tests. CPU quotas are enforced through cgroups
 when running as root (else recorded as not enforced); link rate and delay are realised by
 each device's in-process shaper; packet loss has no mechanism here and is recorded so.
+
+Devices are forked from a zygote that has imported TensorFlow once (:mod:`emulator.runtime.zygote`),
+so they boot in a fraction of a second and share its pages; ``EDGE_EMULATOR_ZYGOTE=0`` starts
+each device as a fresh interpreter instead.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -24,6 +29,53 @@ MODULES = {"server": "paramserver", "worker": "worker", "evaluator": "evaluator"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
+ZYGOTE_ENV = "EDGE_EMULATOR_ZYGOTE"
+
+
+class DeviceProcess:
+    """A running device program, whoever forked it: signalled by process group, watched by pidfd."""
+
+    def __init__(self, pid: int, popen: subprocess.Popen | None = None):
+        self.pid = pid
+        self.popen = popen
+        try:
+            self._fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._fd = None
+
+    def running(self) -> bool:
+        if self.popen is not None and self.popen.poll() is not None:
+            return False
+        if self._fd is not None:
+            return not select.select([self._fd], [], [], 0)[0]
+        try:
+            os.kill(self.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def signal(self, sig: int) -> None:
+        if self.running():
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once the process has exited (reaped by whoever forked it)."""
+        deadline = time.monotonic() + timeout_s
+        while self.running():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -33,12 +85,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, say=None):
+    def __init__(self, say=None, use_zygote: bool | None = None):
         super().__init__(say)
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, DeviceProcess] = {}
         self.groups: dict[str, cgroups.CpuGroup] = {}
         self.ctx: RunContext | None = None
         self.cgroups_ok, self.cgroups_why = cgroups.available()
+        self.use_zygote = os.environ.get(ZYGOTE_ENV, "1") != "0" if use_zygote is None else use_zygote
+        self.zygote = None
         self._logs: dict[str, object] = {}
 
     def prepare(self, ctx, devices):
@@ -46,7 +100,20 @@ class LocalBackend(Backend):
         port = free_port()
         checkpoints = Path(ctx.run_dir) / "checkpoint"
         checkpoints.mkdir(exist_ok=True)
+        if self.use_zygote:
+            from ..runtime.zygote import ZygoteClient
+
+            started = time.monotonic()
+            address = f"@edge-emulator-zygote-{ctx.run_id}-{os.getpid()}"  # abstract: no path-length limit, no file
+            self.zygote = ZygoteClient(address, str(Path(ctx.run_dir) / "logs" / "zygote.log"), self._env(), ctx.run_dir)
+            self.say(f"local: TensorFlow loaded once in a zygote ({time.monotonic() - started:.1f}s); devices are forked from it")
         return Endpoints("127.0.0.1", "127.0.0.1", ("127.0.0.1", port), ("127.0.0.1", port), ctx.data_dir, str(checkpoints))
+
+    def _env(self) -> dict:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(PROJECT_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        return env
 
     def mechanisms(self, device):
         link = device.link
@@ -75,16 +142,19 @@ class LocalBackend(Backend):
 
     def start(self, device, config):
         old = self.procs.get(device.name)
-        if old is not None and old.poll() is None:
+        if old is not None and old.running():
             raise RuntimeError(f"{device.name} is already running")
         group = self._group(device)
         if group is not None:
             group.set_cpus(None)  # boot unthrottled; the controller applies the quota once ready
-        env = dict(os.environ)
+        log_path = Path(self.ctx.run_dir) / "logs" / f"{device.name}.log"
+        if self.zygote is not None:
+            pid = self.zygote.spawn(device.role, config, str(log_path), str(group.path / "cgroup.procs") if group else None)
+            self.procs[device.name] = DeviceProcess(pid)
+            return
+        env = self._env()
         env["EMU_CONFIG"] = json.dumps(config)
-        env["PYTHONPATH"] = str(PROJECT_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        log = open(Path(self.ctx.run_dir) / "logs" / f"{device.name}.log", "ab")
+        log = self._logs.get(device.name) or open(log_path, "ab")
         self._logs[device.name] = log
 
         def enter_group():
@@ -92,26 +162,24 @@ class LocalBackend(Backend):
             if group is not None:
                 group.add(os.getpid())
 
-        self.procs[device.name] = subprocess.Popen(
+        popen = subprocess.Popen(
             [sys.executable, "-m", f"emulator.runtime.{MODULES[device.role]}"],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             preexec_fn=enter_group, cwd=self.ctx.run_dir,
         )
+        self.procs[device.name] = DeviceProcess(popen.pid, popen)
 
     def _signal(self, device: DevicePlan, sig: int) -> None:
         proc = self.procs.get(device.name)
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
+        if proc is not None:
+            proc.signal(sig)
 
     def kill(self, device):
         self._signal(device, signal.SIGCONT)  # a stopped process dies the same
         self._signal(device, signal.SIGKILL)
         proc = self.procs.get(device.name)
         if proc is not None:
-            proc.wait(timeout=10)
+            proc.wait(10)
 
     def pause(self, device):
         self._signal(device, signal.SIGSTOP)
@@ -136,16 +204,12 @@ class LocalBackend(Backend):
 
     def alive(self, device):
         proc = self.procs.get(device.name)
-        return proc is not None and proc.poll() is None
-
-    def exit_code(self, device) -> int | None:
-        proc = self.procs.get(device.name)
-        return None if proc is None else proc.poll()
+        return proc is not None and proc.running()
 
     def sample(self):
         out = []
         for name, proc in self.procs.items():
-            if proc.poll() is not None:
+            if not proc.running():
                 continue
             record = {"device": name, "cpu_s": procstats.cpu_seconds(proc.pid)}
             record.update(procstats.memory(proc.pid) or {})
@@ -154,22 +218,19 @@ class LocalBackend(Backend):
 
     def teardown(self):
         for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGCONT)
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+            proc.signal(signal.SIGCONT)
+            proc.signal(signal.SIGTERM)
         deadline = time.monotonic() + 5
         for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=5)
+            if not proc.wait(max(0.1, deadline - time.monotonic())):
+                proc.signal(signal.SIGKILL)
+                proc.wait(5)
+            if proc.popen is not None:
+                proc.popen.wait(timeout=5)
+            proc.close()
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
         for log in self._logs.values():
             log.close()
         self._logs.clear()

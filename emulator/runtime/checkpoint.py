@@ -8,7 +8,9 @@ wait on the disk.
 
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 import threading
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 FILE = "server.npz"
+MARK = "version.mark"
 
 
 def save(directory: str | Path, version: int, params: np.ndarray, rule_state: dict[str, np.ndarray]) -> Path:
@@ -70,3 +73,25 @@ class Checkpointer:
                 self.on_saved(version, time.perf_counter() - started)
 
         threading.Thread(target=work, name="checkpoint", daemon=True).start()
+
+
+class VersionMark:
+    """The server's current version in a memory-mapped file: one store per update, no system
+    call, and it survives a SIGKILL (the page belongs to the file, not to the process), so a
+    restarted server knows exactly how many updates its crash lost."""
+
+    def __init__(self, directory: str | Path):
+        path = Path(directory) / MARK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < 8:
+                os.ftruncate(fd, 8)
+            self._map = mmap.mmap(fd, 8)
+        finally:
+            os.close(fd)
+
+    def read(self) -> int:
+        return struct.unpack_from("<q", self._map, 0)[0]
+
+    def set(self, version: int) -> None:
+        struct.pack_into("<q", self._map, 0, version)

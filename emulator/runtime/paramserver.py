@@ -29,7 +29,7 @@ from .telemetry import Telemetry
 from .transport import Channel, TransportShaper, tune
 
 MAX_WAIT_MS = 600_000
-DIVERGED_AFTER = 50  # non-finite gradients in a row, with no update applied between: training has diverged
+DIVERGED_AFTER = 50  # non-finite (or overflowing) gradients in a row, no update applied between: training has diverged
 
 
 class ParameterServer:
@@ -57,18 +57,25 @@ class ParameterServer:
         self._flush_now = threading.Event()
         self.started = time.monotonic()
         self.checkpointer = None
+        self.mark = None
         ckpt = cfg.get("checkpoint") or {}
         if ckpt.get("dir"):
             self.checkpointer = checkpoint.Checkpointer(
                 ckpt["dir"], ckpt.get("every_updates"), ckpt.get("every_s"),
                 on_saved=lambda version, seconds: self.tel.event("checkpoint_saved", version=version, seconds=round(seconds, 4)),
             )
+            self.mark = checkpoint.VersionMark(ckpt["dir"])
+            at_crash = self.mark.read()
             restored = checkpoint.load(ckpt["dir"])
             if restored is not None:
                 self.version, self.params, state = restored
                 self.rule.load_state(state)
                 self.training.set()  # a restarted server resumes training at once
-                self.tel.event("restored", version=self.version)
+                self.tel.event("restored", version=self.version, version_at_crash=at_crash,
+                               lost=max(0, at_crash - self.version))
+            elif at_crash:
+                self.tel.event("restored", version=0, version_at_crash=at_crash, lost=at_crash)
+            self.mark.set(self.version)
         self.tel.on_control(self.control)
 
     # -- model access (all under self.cond) -----------------------------------------------
@@ -113,9 +120,7 @@ class ParameterServer:
         except compression.CodecError as exc:
             self.reject(exc.reason, worker, str(exc))
             if exc.reason == "non_finite":
-                self._non_finite_in_a_row += 1
-                if self._non_finite_in_a_row >= DIVERGED_AFTER:
-                    self.finish(f"diverged: {DIVERGED_AFTER} non-finite gradients in a row")
+                self._diverging()
             return exc.reason
         decoded = time.perf_counter()
         with self.cond:
@@ -133,8 +138,12 @@ class ParameterServer:
                 applied = self.rule.apply(self.params, parts, worker, staleness)
             except rules.RuleError as exc:
                 self.reject(exc.reason, worker, str(exc))
+                if exc.reason == "overflow":
+                    self._diverging()
                 return exc.reason
             self.version += 1
+            if self.mark is not None:
+                self.mark.set(self.version)
             self._non_finite_in_a_row = 0
             version = self.version
             if self.max_updates and version >= self.max_updates:
@@ -150,6 +159,12 @@ class ParameterServer:
             decode_us=int((decoded - start) * 1e6), apply_us=int((done - decoded) * 1e6),
         )
         return None
+
+    def _diverging(self) -> None:
+        """One more update refused for being (or making the model) non-finite."""
+        self._non_finite_in_a_row += 1
+        if self._non_finite_in_a_row >= DIVERGED_AFTER:
+            self.finish(f"diverged: {DIVERGED_AFTER} non-finite gradients in a row")
 
     def pull(self, worker: int, min_version: int = 0, max_wait_s: float = 0.0) -> tuple[int, bytes, bool]:
         self.training.wait()
@@ -231,8 +246,9 @@ class ParameterServer:
                     awaiting_push = worker != protocol.NO_WORKER
                 else:
                     raise ProtocolError("unexpected", f"{header.type.name} from a device")
-        except protocol.PeerClosed:
-            pass
+        except protocol.PeerClosed as exc:
+            if exc.mid_frame:  # the device died while sending: the partial frame is dropped, and counted
+                self.reject("partial_frame", worker, str(exc))
         except ProtocolError as exc:
             self.reject(exc.reason, worker, str(exc))
             try:

@@ -52,8 +52,12 @@ class ProtocolError(Exception):
 
 
 class PeerClosed(ProtocolError):
-    def __init__(self, detail: str = "connection closed"):
+    """The peer closed the connection; ``mid_frame`` when it did so part-way through a frame
+    (a device that died while sending): the partial frame is discarded and counted."""
+
+    def __init__(self, detail: str = "connection closed", *, mid_frame: bool = False):
         super().__init__("closed", detail)
+        self.mid_frame = mid_frame
 
 
 @dataclass(frozen=True)
@@ -95,16 +99,25 @@ def recv_exact(sock: socket.socket, size: int, into: bytearray | None = None) ->
     while got < size:
         n = sock.recv_into(view[got:], size - got)
         if n == 0:
-            raise PeerClosed(f"closed after {got} of {size} bytes")
+            raise PeerClosed(f"closed after {got} of {size} bytes", mid_frame=got > 0)
         got += n
     return view
+
+
+def recv_body(sock: socket.socket, header: Header, buffer: bytearray | None = None) -> memoryview:
+    """The body announced by ``header``; a close before its end is a partial frame."""
+    if not header.length:
+        return memoryview(b"")
+    try:
+        return recv_exact(sock, header.length, buffer)
+    except PeerClosed as exc:
+        raise PeerClosed(f"{header.type.name} frame cut short: {exc}", mid_frame=True) from None
 
 
 def recv_frame(sock: socket.socket, token: bytes | None, max_body: int, buffer: bytearray | None = None) -> tuple[Header, memoryview]:
     """One whole frame: header checked (token, size limit) before the body is read."""
     header = parse_header(recv_exact(sock, HEADER.size), token, max_body)
-    body = recv_exact(sock, header.length, buffer) if header.length else memoryview(b"")
-    return header, body
+    return header, recv_body(sock, header, buffer)
 
 
 def send_frame(sock: socket.socket, type_: MsgType, token: bytes, body: bytes | memoryview = b"", **fields) -> int:
@@ -125,7 +138,7 @@ def json_body(obj) -> bytes:
 def parse_json(body: memoryview, what: str) -> dict:
     try:
         data = json.loads(bytes(body).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # also integers past Python's digit limit, deep nesting
         raise ProtocolError("bad_json", f"{what}: {exc}") from None
     if not isinstance(data, dict):
         raise ProtocolError("bad_json", f"{what}: expected an object")

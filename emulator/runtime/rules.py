@@ -10,6 +10,11 @@ per coordinate and, at each pull, a copy of it for that worker, so
 ``sigma_i = touches_now[i] - touches_at_pull[i]``: O(k) per update whatever ``d`` or the
 length of the run (the copy at a pull costs the same order as shipping the model).
 Counters are uint32; their difference is exact modulo 2**32.
+
+Every rule computes all of an update's new values first and writes them only if every one is
+finite: finite gradients can still overflow float32 (a huge step, or many of them), and an
+update that would make a parameter infinite is refused whole (:class:`RuleError`, reason
+``overflow``), the model untouched.
 """
 
 from __future__ import annotations
@@ -49,9 +54,25 @@ class UpdateRule(ABC):
     def forget(self, worker: int) -> None:
         """A worker is gone; drop what was kept for it."""
 
-    @abstractmethod
     def apply(self, params: np.ndarray, parts: list[Part], worker: int, staleness: int) -> Applied:
-        """Update ``params`` in place (called under the server's lock)."""
+        """Update ``params`` in place (called under the server's lock); all or nothing."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            steps, applied = self.steps(parts, worker, staleness)
+            new = [(target, params[target] - step) for target, step in steps]
+        for _, values in new:
+            if not np.isfinite(values).all():
+                raise RuleError("overflow", "the update would make parameters non-finite")
+        for target, values in new:
+            params[target] = values
+        self.committed(steps)
+        return applied
+
+    @abstractmethod
+    def steps(self, parts: list[Part], worker: int, staleness: int) -> tuple[list[tuple[slice | np.ndarray, np.ndarray]], Applied]:
+        """``(target, step)`` pairs to subtract from the parameters, and what to report; changes no state."""
+
+    def committed(self, steps) -> None:
+        """The steps were written (state that follows the applied updates changes here)."""
 
     def state(self) -> dict[str, np.ndarray]:
         """Arrays to checkpoint beside the parameters."""
@@ -73,13 +94,10 @@ class Plain(UpdateRule):
     def scale(self, staleness: int) -> float:
         return self.learning_rate
 
-    def apply(self, params, parts, worker, staleness):
+    def steps(self, parts, worker, staleness):
         rate = self.scale(staleness)
-        entries = 0
-        for target, values in self._coordinates(parts):
-            params[target] -= rate * values
-            entries += values.size
-        return Applied(entries, rate / self.learning_rate)
+        steps = [(target, rate * values) for target, values in self._coordinates(parts)]
+        return steps, Applied(sum(step.size for _, step in steps), rate / self.learning_rate)
 
 
 class Staleness(Plain):
@@ -107,19 +125,22 @@ class AdaComp(UpdateRule):
     def forget(self, worker):
         self.at_pull.pop(worker, None)
 
-    def apply(self, params, parts, worker, staleness):
+    def steps(self, parts, worker, staleness):
         snapshot = self.at_pull.get(worker)
         if snapshot is None:
             raise RuleError("no_pull", f"worker {worker} pushed without having pulled the model")
-        entries, inverse_sum = 0, 0.0
+        steps, entries, inverse_sum = [], 0, 0.0
         for target, values in self._coordinates(parts):
             sigma = self.touches[target] - snapshot[target]
             divisor = np.maximum(sigma, 1).astype(np.float32)
-            params[target] -= self.learning_rate * values / divisor
-            self.touches[target] += np.uint32(1)
+            steps.append((target, self.learning_rate * values / divisor))
             entries += values.size
             inverse_sum += float(np.sum(1.0 / divisor))
-        return Applied(entries, inverse_sum / max(1, entries))
+        return steps, Applied(entries, inverse_sum / max(1, entries))
+
+    def committed(self, steps):
+        for target, _ in steps:
+            self.touches[target] += np.uint32(1)
 
     def state(self):
         return {"touches": self.touches}

@@ -141,10 +141,7 @@ class Channel:
     def recv(self, keep_buffer: bool = False) -> tuple[protocol.Header, memoryview]:
         """Next frame; with ``keep_buffer`` the body reuses one buffer (valid until the next recv)."""
         header = self.recv_header()
-        if header.length:
-            body = protocol.recv_exact(self.io, header.length, self._buffer if keep_buffer else None)
-        else:
-            body = memoryview(b"")
+        body = protocol.recv_body(self.io, header, self._buffer if keep_buffer else None)
         if keep_buffer and len(self._buffer) < header.length:
             self._buffer = body.obj if isinstance(body.obj, bytearray) else bytearray(body)
         self.after_receive()

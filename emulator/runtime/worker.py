@@ -150,5 +150,9 @@ def run(cfg: dict, tel) -> int:
     return 0
 
 
+def main() -> int:
+    return run_device(run)
+
+
 if __name__ == "__main__":
-    sys.exit(run_device(run))
+    sys.exit(main())

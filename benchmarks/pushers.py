@@ -1,0 +1,119 @@
+"""A real parameter-server process on loopback, and synthetic workers that push at it.
+
+:class:`ServerProcess` starts ``python -m emulator.runtime.paramserver`` as a run does, its
+telemetry going to a real :class:`~emulator.collector.Collector` (and run directory) in this
+process. :func:`pusher` is one synthetic worker, a process of its own: HELLO, pull, then push a
+pre-encoded update and wait for the model in reply, as a worker does, until its time is up.
+Used by the ingest benchmark (:mod:`benchmarks.server`) and the load test (:mod:`benchmarks.load`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class ServerProcess:
+    """``with ServerProcess(layout, rule) as ps:`` a parameter server listening on ``ps.address``."""
+
+    def __init__(self, layout, rule: str, *, learning_rate: float = 0.01, max_updates: int | None = None):
+        self.layout = layout
+        self.rule = rule
+        self.learning_rate = learning_rate
+        self.max_updates = max_updates
+        self.token = secrets.token_bytes(16)
+        self.observers = []
+
+    def __enter__(self) -> "ServerProcess":
+        from emulator.backends.local import free_port
+        from emulator.collector import Collector
+        from emulator.rundir import RunDirectory
+
+        self._tmp = tempfile.TemporaryDirectory()
+        self.rundir = RunDirectory(Path(self._tmp.name) / "run")
+        self.collector = Collector(self.rundir, self.token).start()
+        self.address = ("127.0.0.1", free_port())
+        cfg = {"name": "server", "role": "server", "token": self.token.hex(), "start_time": time.time(), "seed": 0,
+               "collector": list(self.collector.address), "bind": list(self.address), "layout": self.layout.to_json(),
+               "rule": self.rule, "learning_rate": self.learning_rate, "max_updates": self.max_updates}
+        env = dict(os.environ, EMU_CONFIG=json.dumps(cfg), PYTHONPATH=str(ROOT))
+        self.process = subprocess.Popen([sys.executable, "-m", "emulator.runtime.paramserver"], env=env, stderr=subprocess.DEVNULL)
+        self.pid = self.process.pid
+        return self
+
+    def observe(self, observer) -> None:
+        """``observer(stream, records)`` for every trace the server sends."""
+        self.collector.observe(observer)
+
+    def start_training(self, timeout_s: float = 60.0) -> None:
+        """Wait for the server's telemetry to connect, then send ``start`` (pulls wait for it)."""
+        deadline = time.monotonic() + timeout_s
+        while "server" not in self.collector.connected():
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError("the parameter server did not come up")
+            time.sleep(0.05)
+        time.sleep(0.5)
+        self.collector.send("server", {"cmd": "start"})
+
+    def stop_training(self) -> None:
+        self.collector.send("server", {"cmd": "stop"})
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        finally:
+            self.collector.close()
+            self.rundir.close()
+            self._tmp.cleanup()
+
+
+def pusher(address, token: bytes, worker: int, message: bytes, seconds: float, start_evt, result_q, ready=None) -> None:
+    """One synthetic worker; puts ``{worker, pushes, answered, rejected, errors}`` on ``result_q``.
+
+    ``ready`` (a shared counter) is incremented once this worker holds its first model."""
+    from emulator.runtime import protocol
+    from emulator.runtime.protocol import MsgType
+    from emulator.runtime.transport import Channel, connect
+
+    out = {"worker": worker, "pushes": 0, "answered": 0, "rejected": 0, "errors": []}
+    channel = None
+    try:
+        channel = Channel(connect(address), token, None, 16 << 20, worker=worker)
+        channel.send(MsgType.HELLO, protocol.json_body({"role": "worker", "worker": worker}))
+        channel.recv()
+        start_evt.wait()
+        channel.send(MsgType.PULL)
+        header, _ = channel.recv(keep_buffer=True)
+        if ready is not None:
+            with ready.get_lock():
+                ready.value += 1
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline and not header.flags & protocol.Flag.DONE:
+            channel.send(MsgType.PUSH, message, t0=header.t0)
+            out["pushes"] += 1
+            header, body = channel.recv(keep_buffer=True)
+            if header.type == MsgType.MODEL:
+                out["answered"] += 1
+            elif header.type == MsgType.REJECT:
+                out["rejected"] += 1
+                out["errors"].append(f"rejected: {bytes(body)[:200]!r}")
+                channel.send(MsgType.PULL)
+                header, _ = channel.recv(keep_buffer=True)
+            else:
+                out["errors"].append(f"unexpected {header.type.name}")
+                break
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        out["errors"].append(f"{type(exc).__name__}: {exc}")
+    finally:
+        if channel is not None:
+            channel.close()
+        result_q.put(out)
