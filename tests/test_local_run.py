@@ -11,7 +11,11 @@ METHODS = ("asgd", "comp_c", "adacomp")
 UPDATES = 200
 # Dense ASGD at the paper's alpha = 0.1 diverges in some runs (stale dense gradients, see
 # docs/REPRODUCTION.md); the integration test runs it at alpha = 0.05.
-METHOD_SETTINGS = {"asgd": "method={name: asgd}",  "comp_c": "method={name: comp_c, c: 0.01}", "adacomp": "method={name: adacomp, c: 0.01}"}
+METHOD_SETTINGS = {
+    "asgd": ["method={name: asgd}", "training.learning_rate=0.05"],
+    "comp_c": ["method={name: comp_c, c: 0.01}"],
+    "adacomp": ["method={name: adacomp, c: 0.01}"],
+}
 RESULTS: dict[str, dict] = {}
 
 
