@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-import time
 from typing import Callable
 
 from . import cgroups
@@ -38,25 +37,10 @@ def clean_all(run_id: str | None = None, say: Callable[[str], None] = print) -> 
 
 
 def _remove_docker(run_id: str | None, say: Callable[[str], None]) -> list[str]:
-    """Remove labelled containers and networks, and look again until none is left.
+    """Remove labelled containers and networks, looking again until none is left."""
+    from .backends.docker import client, remove_labelled
 
-    A controller killed while it was creating containers leaves requests the daemon still
-    completes: a container can appear after a first pass, or be listed before it can be
-    inspected."""
-    from .backends.docker import LABEL, RUN_LABEL, client, remove_labelled
-
-    docker_client = client(timeout=30)
-    label = f"{RUN_LABEL}={run_id}" if run_id else LABEL
-    removed: list[str] = []
-    for _ in range(DOCKER_ROUNDS):
-        removed += remove_labelled(run_id, docker_client)
-        left = (docker_client.api.containers(all=True, filters={"label": label})
-                + docker_client.api.networks(filters={"label": label}))
-        if not left:
-            return removed
-        time.sleep(1.0)
-    say(f"docker: {len(left)} labelled object(s) still there after {DOCKER_ROUNDS} rounds")
-    return removed
+    return remove_labelled(run_id, client(timeout=30), rounds=DOCKER_ROUNDS, say=say)
 
 
 def remove_probe_leftovers(say: Callable[[str], None] = print) -> list[str]:

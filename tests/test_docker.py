@@ -26,9 +26,11 @@ METHODS = {
 }
 
 
-def labelled(docker_client) -> tuple[list, list]:
-    return (docker_client.containers.list(all=True, filters={"label": LABEL}),
-            docker_client.networks.list(filters={"label": LABEL}))
+def labelled(docker_client, run: Path | None = None) -> tuple[list, list]:
+    """Containers and networks of one run (by its directory), or of every run."""
+    label = f"{LABEL}.run={run.name}" if run is not None else LABEL
+    return (docker_client.containers.list(all=True, filters={"label": label}),
+            docker_client.networks.list(filters={"label": label}))
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -44,7 +46,7 @@ def test_quickstart_on_docker(method, docker_client, runtime_image, tmp_path):
     assert payload < wire < 1.6 * payload
     mechanisms = read_json(run / "mechanisms.json")
     assert mechanisms["worker-0"]["uplink"] == "tc-htb" and mechanisms["worker-0"]["cpus"].startswith("docker")
-    assert labelled(docker_client) == ([], [])
+    assert labelled(docker_client, run) == ([], [])
 
 
 def test_links_and_cpu_quotas_measure_as_configured(docker_client, runtime_image, tmp_path):
@@ -113,7 +115,7 @@ def test_faults_are_applied_and_recorded_and_containers_are_hardened(docker_clie
     assert host["CpuPeriod"] == 100_000
     assert found["_network"]["Internal"] is True
     assert found["_network"]["IPAM"]["Config"][0]["Subnet"].startswith("198.1")
-    assert labelled(docker_client) == ([], [])
+    assert labelled(docker_client, run) == ([], [])
 
 
 def _start_controller(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
@@ -141,14 +143,14 @@ def test_sigint_tears_everything_down(docker_client, runtime_image, tmp_path):
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, output
     assert read_json(run / "summary.json")["status"] == "interrupted"
-    assert labelled(docker_client) == ([], [])
+    assert labelled(docker_client, run) == ([], [])
 
 
 def test_sigkill_then_clean_leaves_nothing(docker_client, runtime_image, tmp_path):
     proc, run = _start_controller(tmp_path)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    containers, networks = labelled(docker_client)
+    containers, networks = labelled(docker_client, run)
     assert containers and networks, "a killed controller leaves its containers behind"
     for line in (run / "events.jsonl").read_text().splitlines()[:-1]:
         assert line.startswith("{") and line.endswith("}")  # every complete line is intact

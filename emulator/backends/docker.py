@@ -16,6 +16,7 @@ import json
 import os
 import threading
 import time
+from typing import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,6 +36,7 @@ DEVICE_UID = 10001
 MODULES = {"server": "paramserver", "worker": "worker", "evaluator": "evaluator"}
 CPU_PERIOD_US = 100_000
 START_THREADS = 8
+TEARDOWN_ROUNDS = 5  # passes of label-based removal at the end of a run, a second apart
 
 
 def client(timeout: int = 120):
@@ -292,7 +294,7 @@ class DockerBackend(Backend):
         try:
             self.collect_logs()
         finally:
-            remove_labelled(self.ctx.run_id, self.docker)
+            remove_labelled(self.ctx.run_id, self.docker, rounds=TEARDOWN_ROUNDS, say=self.say)
             self.containers.clear()
             self.network = None
 
@@ -319,10 +321,31 @@ def _cgroup_usage(container_id: str) -> dict | None:
         return None
 
 
-def remove_labelled(run_id: str | None = None, docker_client=None) -> list[str]:
-    """Remove containers and networks carrying our label (one run's, or every run's)."""
+def remove_labelled(run_id: str | None = None, docker_client=None, *, rounds: int = 1,
+                    say: Callable[[str], None] | None = None) -> list[str]:
+    """Remove containers and networks carrying our label (one run's, or every run's).
+
+    With ``rounds`` > 1 it looks again, a second apart, until nothing labelled is left: a daemon
+    under load can fail a forced removal, and a controller killed while creating containers leaves
+    requests the daemon still completes. What is still there at the end is said, not swallowed."""
     docker_client = docker_client or client(timeout=30)
     label = f"{RUN_LABEL}={run_id}" if run_id else LABEL
+    removed: list[str] = []
+    for attempt in range(rounds):
+        removed += _remove_once(label, docker_client)
+        left = (docker_client.api.containers(all=True, filters={"label": label})
+                + docker_client.api.networks(filters={"label": label}))
+        if not left:
+            return removed
+        if attempt + 1 < rounds:
+            time.sleep(1.0)
+    if say is not None:
+        names = [(o.get("Names") or [o.get("Name", o.get("Id", "?")[:12])])[0] for o in left]
+        say(f"docker: {len(left)} labelled object(s) still there after {rounds} round(s): {', '.join(names)}")
+    return removed
+
+
+def _remove_once(label: str, docker_client) -> list[str]:
     removed = []
     for container in docker_client.containers.list(all=True, filters={"label": label}, ignore_removed=True):
         try:
