@@ -155,7 +155,7 @@ def render_plan(p) -> str:
 @main.command()
 @click.argument("scenario_file", type=click.Path(dir_okay=False))
 @click.option("-m", "--method", "methods", multiple=True, required=True, metavar="SPEC",
-              help="A method to run: NAME[:KEY=VALUE]..., e.g. adacomp, qsgd:s=4, topk:c=0.001:error_feedback=true (repeatable).")
+              help="A method to run: NAME[:KEY=VALUE]..., e.g. adacomp, qsgd:s=4, topk:c=0.001:error_feedback=true, asgd:training.learning_rate=0.05 (repeatable).")
 @click.option("--backend", type=click.Choice(["auto", "local", "docker", "swarm"]), default="auto", show_default=True)
 @set_option
 @click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False))

@@ -54,6 +54,7 @@ DEFAULT_TARGET_FRACTION = 0.9
 FIGURE = "accuracy_vs_ingress.png"
 COLUMNS = ("method", "final accuracy", "updates", "ingress payload (B)", "bytes / update", "vs dense",
            "time to target (s)", "compress / compute")
+RUN_SECTIONS = ("training", "dataset", "server", "evaluator", "workers", "faults")  # scenario keys a method spec may set
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -71,7 +72,11 @@ class MethodSpec:
 
 
 def parse_method_spec(text: str) -> MethodSpec:
-    """``NAME[:KEY=VALUE]...`` -> the ``--set`` overrides that make the scenario's method that one."""
+    """``NAME[:KEY=VALUE]...`` -> the ``--set`` overrides that make the scenario's method that one.
+
+    A key is a method parameter (``qsgd:s=4``, ``topk:wire.values=f16``), unless it starts with
+    another section of the scenario: then it is set for this method's run only
+    (``asgd:training.learning_rate=0.05``: each method at its own step size)."""
     name, *pairs = text.strip().split(":")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ScenarioError([Problem("method", f"{text!r}: expected NAME[:KEY=VALUE]..., e.g. qsgd:s=4")])
@@ -82,7 +87,9 @@ def parse_method_spec(text: str) -> MethodSpec:
             raise ScenarioError([Problem("method", f"{text!r}: {pair!r} is not KEY=VALUE")])
         if key.strip() == "name":
             raise ScenarioError([Problem("method", f"{text!r}: the name goes first, not as name=")])
-        overrides.append(f"method.{key.strip()}={value}")
+        key = key.strip()
+        section = re.split(r"[.\[]", key, maxsplit=1)[0]
+        overrides.append(f"{key}={value}" if section in RUN_SECTIONS and key != section else f"method.{key}={value}")
     return MethodSpec(text.strip(), tuple(overrides))
 
 
@@ -173,7 +180,7 @@ def summarize_run(run_dir: Path, label: str) -> dict:
     updates = read_jsonl(run_dir / "updates.jsonl")
     sizes = [u["bytes"] for u in updates]
     return {
-        "method": label, "run_id": run_dir.name, "status": summary.get("status"),
+        "method": label, "run_id": run_dir.name, "status": summary.get("status"), "diverged": bool(summary.get("diverged")),
         "compressor": summary.get("compressor"), "rule": summary.get("rule"),
         "final_accuracy": summary.get("final_accuracy"), "updates": summary.get("updates_applied", len(updates)),
         "ingress_payload_bytes": summary.get("ingress_payload_bytes"),
@@ -234,7 +241,8 @@ def write_report(out: Path, rows: list[dict], target_accuracy: float | None = No
     """``compare.json``, ``compare.md`` and the figure, from the rows of :func:`summarize_run`."""
     finals = [r["final_accuracy"] for r in rows if r["final_accuracy"] is not None]
     target = target_accuracy if target_accuracy is not None else (DEFAULT_TARGET_FRACTION * max(finals) if finals else None)
-    dense = next((r for r in rows if r["compressor"] == "dense" and r["bytes_per_update"]), None)
+    dense_rows = [r for r in rows if r["compressor"] == "dense" and r["bytes_per_update"]]
+    dense = next((r for r in dense_rows if not r.get("diverged")), dense_rows[0] if dense_rows else None)
     for row in rows:
         row["ratio_to_dense"] = (dense["bytes_per_update"] / row["bytes_per_update"]
                                  if dense and row["bytes_per_update"] else None)
@@ -258,7 +266,8 @@ def render_markdown(report: dict) -> str:
     for row in report["methods"]:
         reached = row["time_to_target"]
         cells = [
-            f"`{row['method']}`" + ("" if row["status"] == "completed" else f" ({row['status']})"),
+            f"`{row['method']}`" + ("" if row["status"] == "completed" else f" ({row['status']})")
+            + (" (diverged)" if row.get("diverged") else ""),
             _num(row["final_accuracy"], ".4f"), f"{row['updates']:,}" if row["updates"] is not None else "-",
             f"{row['ingress_payload_bytes']:,}" if row["ingress_payload_bytes"] is not None else "-",
             _num(row["bytes_per_update"], ",.0f"), _num(row["ratio_to_dense"], ".1f", "x"),

@@ -686,6 +686,8 @@ def test_method_spec_syntax():
     assert spec.slug == "topk_c-0.001_error_feedback-true"
     assert parse_method_spec("adacomp").overrides == ('method={"name": "adacomp"}',)
     assert parse_method_spec("topk:wire.values=f16").overrides[-1] == "method.wire.values=f16"
+    # Another section of the scenario is set for that method's run only.
+    assert parse_method_spec("asgd:training.learning_rate=0.05").overrides == ('method={"name": "asgd"}', "training.learning_rate=0.05")
     for bad in ("", "qsgd:s", "qsgd:=4", "qsgd:name=dgc", "q sgd", "qsgd:s.=4"):
         with pytest.raises(ValueError):
             parse_method_spec(bad)

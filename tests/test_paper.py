@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from analysis.paper import bytes_to_reach, matched_ratios
+from analysis.paper import bytes_to_reach, dense_reference, matched_ratios
 from conftest import ROOT
 
 
@@ -28,6 +28,18 @@ def test_ratios_to_asgd_total_and_at_matched_accuracy():
     # Matched at min(0.8, 0.9) = 0.8: ASGD first reaches it at 1000 B, AdaComp at 10 B.
     assert ratios["adacomp"]["matched_accuracy"] == 0.8 and ratios["adacomp"]["matched_ratio"] == 100
     assert ratios["asgd"]["total_ratio"] == 1
+
+
+def test_a_diverged_asgd_run_is_not_the_reference_when_another_one_converged():
+    diverged = {"method": "asgd", "compressor": "dense", "rule": "plain", "ingress_payload_bytes": 300, "bytes_per_update": 100,
+                "final_accuracy": 0.1, "diverged": True, "curve": [{"accuracy": 0.1, "bytes": 300}]}
+    half_step = {"method": "asgd:training.learning_rate=0.05", "compressor": "dense", "rule": "plain", "ingress_payload_bytes": 1000,
+                 "bytes_per_update": 100, "final_accuracy": 0.9, "curve": [{"accuracy": 0.9, "bytes": 1000}]}
+    sparse = {"method": "adacomp", "compressor": "topk", "rule": "adacomp", "ingress_payload_bytes": 10, "bytes_per_update": 1,
+              "final_accuracy": 0.9, "curve": [{"accuracy": 0.9, "bytes": 10}]}
+    assert dense_reference([diverged, half_step, sparse]) is half_step
+    assert matched_ratios([diverged, half_step, sparse])["adacomp"]["total_ratio"] == 100
+    assert dense_reference([diverged, sparse]) is diverged  # the only dense run, diverged or not
 
 
 @pytest.mark.slow
