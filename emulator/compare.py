@@ -216,12 +216,16 @@ def accuracy_curve(updates: list[dict], accuracy: list[dict], training_started_t
 
 
 def compress_overhead(steps: list[dict]) -> float | None:
-    """Mean compression time over mean gradient time, both weighted by the steps of each record."""
+    """Mean compression time over mean gradient time, both weighted by the steps of each record.
+
+    CPU times where the worker reports them: under a CPU quota, wall times also hold the waits
+    for the next scheduling period, charged to whichever phase ran out of quota."""
     weights = np.array([r.get("steps", 0) for r in steps], np.float64)
     if not weights.sum():
         return None
-    compute = float(np.dot(weights, [r.get("compute_ms", 0.0) for r in steps]))
-    compress = float(np.dot(weights, [r.get("compress_ms", 0.0) for r in steps]))
+    cpu = all("compute_cpu_ms" in r for r in steps)
+    compute = float(np.dot(weights, [r.get("compute_cpu_ms" if cpu else "compute_ms", 0.0) for r in steps]))
+    compress = float(np.dot(weights, [r.get("compress_cpu_ms" if cpu else "compress_ms", 0.0) for r in steps]))
     return compress / compute if compute > 0 else None
 
 

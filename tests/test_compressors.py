@@ -783,3 +783,16 @@ def test_compare_three_methods(tiny_scenario, tmp_path):
     assert markdown.count("\n| `") == 3
     assert (out / "accuracy_vs_ingress.png").stat().st_size > 5000
     print("\n" + markdown)
+
+
+def test_compress_overhead_prefers_cpu_time_to_wall_time():
+    from emulator.compare import compress_overhead
+
+    # Under a CPU quota a phase that runs out of quota waits for the next period: wall 60 ms of
+    # compression that cost 1.5 ms of CPU must not read as 4x the gradient.
+    throttled = [{"steps": 2, "compute_ms": 15.0, "compress_ms": 60.0, "compute_cpu_ms": 14.0, "compress_cpu_ms": 1.4},
+                 {"steps": 1, "compute_ms": 15.0, "compress_ms": 60.0, "compute_cpu_ms": 16.0, "compress_cpu_ms": 1.7}]
+    assert compress_overhead(throttled) == pytest.approx((2 * 1.4 + 1.7) / (2 * 14.0 + 16.0))
+    older = [{"steps": 1, "compute_ms": 10.0, "compress_ms": 1.0}]  # traces from before CPU times were recorded
+    assert compress_overhead(older) == pytest.approx(0.1)
+    assert compress_overhead([]) is None
