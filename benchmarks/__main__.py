@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-SUITE = ("worker", "wire", "server")
+SUITE = ("worker", "wire", "server", "density", "fidelity")
 
 
 def main(argv=None) -> int:

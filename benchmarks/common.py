@@ -33,3 +33,51 @@ def realistic_gradient(layout, seed: int = 0):
 
     rng = np.random.default_rng(seed)
     return (rng.standard_normal(layout.total) * rng.exponential(1.0, layout.total)).astype(np.float32)
+
+
+def docker_unavailable() -> str | None:
+    """Why the Docker benchmarks cannot run here (None when they can)."""
+    from emulator.backends.docker import DockerBackend
+
+    ok, why = DockerBackend.available()
+    return None if ok else why
+
+
+def run_docker_scenario(scenario: dict, out_root, *, image: str | None = None, check_fidelity: bool = True,
+                        limit_s: float = 900.0, say: Callable[[str], None] | None = None):
+    """Run a scenario mapping to the end on the Docker backend, as ``emulate run`` would.
+
+    Returns (summary, run directory). A watchdog turns a run past ``limit_s`` into an interrupted
+    one (the Emulation tears down as on Ctrl-C), so a benchmark reports instead of hanging; the
+    run's labelled containers and network are removed again afterwards in any case."""
+    import json
+    import signal
+    import sys
+    from pathlib import Path
+
+    from emulator.backends.docker import DockerBackend, remove_labelled
+    from emulator.controller import Emulation
+    from emulator.plan import make_plan
+    from emulator.rundir import RunDirectory
+    from emulator.scenario import load_scenario
+
+    say = say or (lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
+    path = Path(out_root) / f"{scenario['name']}.yaml"
+    path.write_text(json.dumps(scenario, indent=1))  # JSON is YAML
+    plan = make_plan(load_scenario(path)[0])
+    rundir = RunDirectory.create(out_root, plan.name)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(int(limit_s))
+    try:
+        emulation = Emulation(plan, DockerBackend(say=say, image=image), rundir, scenario_text=path.read_text(),
+                              say=say, progress_every_s=0, check_fidelity=check_fidelity)
+        summary = emulation.run()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        remove_labelled(rundir.run_id, rounds=3, say=say)
+    return summary, rundir.path
