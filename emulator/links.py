@@ -39,16 +39,18 @@ CLONE_NEWNET = 0x40000000
 NETLINK_ROUTE = 0
 
 
-def _netns_netlink_socket(netns_path: str) -> int:
-    """A rtnetlink socket created inside another network namespace; returns its fd.
+def in_netns(netns_path: str, make):
+    """``make()`` run inside the network namespace at ``netns_path``; returns what it returns.
 
-    A short-lived thread enters the namespace (setns is per thread), opens the socket, and
-    ends; the socket stays bound to that namespace. pyroute2's own netns support forks the
-    whole controller instead, which is unsafe in a multi-threaded program with signal handlers.
+    A short-lived thread enters the namespace (setns is per thread), calls ``make`` and ends;
+    sockets it creates stay bound to that namespace, usable from any thread. pyroute2's own
+    netns support forks the whole controller instead, which is unsafe in a multi-threaded
+    program with signal handlers. Raises LinkError when the namespace cannot be entered, and
+    what ``make`` raised.
     """
     result: dict = {}
 
-    def enter_and_open():
+    def enter_and_make():
         libc = ctypes.CDLL(None, use_errno=True)
         try:
             fd = os.open(netns_path, os.O_RDONLY)
@@ -59,17 +61,23 @@ def _netns_netlink_socket(netns_path: str) -> int:
             if libc.setns(fd, CLONE_NEWNET) != 0:
                 result["error"] = LinkError(f"setns({netns_path}): {os.strerror(ctypes.get_errno())}")
                 return
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE)
-            result["fd"] = sock.detach()
+            result["value"] = make()
+        except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
+            result["error"] = exc
         finally:
             os.close(fd)
 
-    thread = threading.Thread(target=enter_and_open, name="netns-enter")
+    thread = threading.Thread(target=enter_and_make, name="netns-enter")
     thread.start()
     thread.join()
     if "error" in result:
         raise result["error"]
-    return result["fd"]
+    return result["value"]
+
+
+def _netns_netlink_socket(netns_path: str) -> int:
+    """A rtnetlink socket created inside another network namespace; returns its fd."""
+    return in_netns(netns_path, lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE).detach())
 
 
 @contextmanager

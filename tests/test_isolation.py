@@ -11,6 +11,7 @@ reason ``bad_token``) and by the collector (``events.jsonl``, kind ``collector_r
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import signal
 import socket
@@ -157,3 +158,28 @@ def test_device_containers_are_isolated_and_strangers_refused(docker_client, run
     collector = [e for e in _events(run) if e.get("kind") == "collector_refused"]
     assert len(collector) == 1 and collector[0]["reason"] == "bad_token"
     assert not docker_client.containers.list(all=True, filters={"label": f"edge-emulator.run={run_id}"})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="entering a network namespace needs root")
+def test_sockets_made_in_another_network_namespace_live_there(tmp_path):
+    """links.in_netns: what it makes belongs to that namespace; errors come back to the caller."""
+    from emulator import links
+
+    name = f"emutest{secrets.token_hex(2)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        path = f"/run/netns/{name}"
+        listener = links.in_netns(path, lambda: socket.create_server(("127.0.0.1", 0)))
+        port = listener.getsockname()[1]
+        with pytest.raises(OSError):  # nothing listens on the host's loopback at that port
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        listener.close()
+        # The namespace's own loopback is down until brought up: its rtnetlink socket sees it.
+        with links.rtnl(path) as ipr:
+            assert [link.get_attr("IFLA_IFNAME") for link in ipr.get_links()] == ["lo"]
+        with pytest.raises(links.LinkError, match="cannot open"):
+            links.in_netns(str(tmp_path / "missing"), lambda: None)
+        with pytest.raises(ZeroDivisionError):
+            links.in_netns(path, lambda: 1 / 0)
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)

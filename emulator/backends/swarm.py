@@ -30,7 +30,6 @@ moves. Everything carries the ``edge-emulator`` labels with the run id, and
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import importlib.metadata
 import json
@@ -67,7 +66,6 @@ CALL_TIMEOUT_S = 60.0
 ALIVE_STATES = {"new", "allocated", "pending", "assigned", "accepted", "preparing", "ready", "starting", "running"}
 FAILED_STATES = {"failed", "rejected", "orphaned", "complete", "shutdown", "remove"}
 RELAY_BUFFER = 1 << 20
-CLONE_NEWNET = 0x40000000
 AGENT_DOCKERFILE = f"""\
 # The swarm agent: the runtime image (same code as the devices) plus pyroute2 and the Docker SDK.
 ARG BASE
@@ -275,31 +273,10 @@ def distribute_images(manager, refs: list[str], nodes: list[dict], options: Swar
 def listen_in_netns(netns_path: str, address: tuple[str, int]) -> socket.socket:
     """A listening TCP socket created inside the network namespace at ``netns_path`` (a short
     thread enters it; the socket stays there, usable from any thread)."""
-    result: dict = {}
-
-    def enter_and_listen():
-        libc = ctypes.CDLL(None, use_errno=True)
-        try:
-            fd = os.open(netns_path, os.O_RDONLY)
-        except OSError as exc:
-            result["error"] = BackendUnavailable(f"cannot open {netns_path}: {exc.strerror}")
-            return
-        try:
-            if libc.setns(fd, CLONE_NEWNET) != 0:
-                result["error"] = BackendUnavailable(f"setns({netns_path}): {os.strerror(ctypes.get_errno())}")
-                return
-            result["socket"] = socket.create_server(address, backlog=1024)
-        except OSError as exc:
-            result["error"] = exc
-        finally:
-            os.close(fd)
-
-    thread = threading.Thread(target=enter_and_listen, name="netns-listen")
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise result["error"]
-    return result["socket"]
+    try:
+        return links.in_netns(netns_path, lambda: socket.create_server(address, backlog=1024))
+    except links.LinkError as exc:
+        raise BackendUnavailable(str(exc)) from exc
 
 
 class Relay:
