@@ -25,30 +25,40 @@ OVERSAMPLE = 1.3  # aim for this many candidates per kept entry
 
 
 def top_magnitude(values: np.ndarray, k: int) -> np.ndarray:
-    """Sorted flat indices of the ``k`` largest ``|values|`` (ties broken arbitrarily).
+    """Sorted flat indices of the ``k`` largest ``|values|`` (ties: the lowest indices win).
 
     Exact, and fast on large tensors: a threshold estimated from a strided sample keeps a
-    candidate set a little larger than ``k`` in one vectorised pass; the exact top-k is then
-    chosen among the candidates. If the estimate keeps fewer than ``k`` (it cannot be trusted
-    to include them all) the full partition is used instead, so the result never depends
-    on the sample.
+    candidate set a little larger than ``k`` in one vectorised pass; the exact k-th magnitude is
+    then found among the candidates. If the estimate keeps fewer than ``k`` (it cannot be
+    trusted to include them all) every entry is a candidate, so the result never depends on the
+    sample. Selecting by the k-th value rather than by argpartition keeps the indices in order:
+    no sort afterwards.
     """
     size = values.size
     if k >= size:
         return np.arange(size, dtype=np.int64)
     magnitude = np.abs(values)
-    if size >= 16 * SAMPLE and k * 8 <= size:
+    candidates = None
+    if size >= 4 * SAMPLE and k * 8 <= size:
         sample = magnitude[:: size // SAMPLE]
         want = min(sample.size, int(k / size * sample.size * OVERSAMPLE) + 8)
         threshold = np.partition(sample, sample.size - want)[sample.size - want]
         candidates = np.flatnonzero(magnitude >= threshold)
-        if candidates.size >= k:
-            chosen = candidates[np.argpartition(magnitude[candidates], candidates.size - k)[candidates.size - k :]]
-            chosen.sort()
-            return chosen.astype(np.int64, copy=False)
-    chosen = np.argpartition(magnitude, size - k)[size - k :]
-    chosen.sort()
-    return chosen.astype(np.int64, copy=False)
+        if candidates.size < k:
+            candidates = None
+    if candidates is None:
+        return _top_in_order(magnitude, k).astype(np.int64, copy=False)
+    return candidates[_top_in_order(magnitude[candidates], k)].astype(np.int64, copy=False)
+
+
+def _top_in_order(magnitude: np.ndarray, k: int) -> np.ndarray:
+    """Increasing positions of the ``k`` largest entries; among equal ones at the k-th value, the first."""
+    kth = np.partition(magnitude, magnitude.size - k)[magnitude.size - k]
+    keep = magnitude > kth
+    missing = k - int(np.count_nonzero(keep))
+    if missing:
+        keep[np.flatnonzero(magnitude == kth)[:missing]] = True
+    return np.flatnonzero(keep)
 
 
 class TopKParams(Params):
