@@ -39,8 +39,28 @@ def scenario(name: str, workers: int, cpus: float, duration_s: float) -> dict:
             "server": {"cpus": 0.5}, "evaluator": {"cpus": 0.25}, "workers": [{"count": workers, "cpus": cpus}]}
 
 
-def bare_start(docker, image: str, n: int, threads: int) -> float:
-    """Seconds until n ``sleep 600`` containers run on a fresh internal network (removed after)."""
+def bare_start(docker, image: str, n: int, threads: int, attempts: int = 3) -> float:
+    """Seconds until n ``sleep 600`` containers run on a fresh internal network (removed after).
+
+    Tried again when some are not running at the end: another user's ``emulate clean`` removes
+    every labelled container, ours included."""
+    for attempt in range(attempts):
+        try:
+            return _bare_start(docker, image, n, threads)
+        except BareStartError as exc:
+            if attempt + 1 == attempts:
+                raise
+            print(f"  bare start: {exc}; again", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
+class BareStartError(RuntimeError):
+    pass
+
+
+def _bare_start(docker, image: str, n: int, threads: int) -> float:
+    from docker.errors import DockerException
+
     from emulator.backends.docker import LABEL, RUN_LABEL, remove_labelled
 
     run_id = f"bench-density-{secrets.token_hex(3)}"
@@ -58,8 +78,10 @@ def bare_start(docker, image: str, n: int, threads: int) -> float:
         seconds = time.perf_counter() - started
         running = docker.api.containers(filters={"label": f"{RUN_LABEL}={run_id}", "status": "running"})
         if len(running) != n:
-            raise RuntimeError(f"{len(running)} of {n} bare containers running")
+            raise BareStartError(f"{len(running)} of {n} bare containers running")
         return seconds
+    except DockerException as exc:
+        raise BareStartError(f"{type(exc).__name__}: {exc}") from exc
     finally:
         remove_labelled(run_id, docker, rounds=5, say=lambda msg: print(msg, file=sys.stderr))
 
@@ -153,7 +175,10 @@ def run(quick: bool = False) -> dict:
     image = images.ensure_runtime_image(docker, progress=lambda line: print(line, file=sys.stderr))
     n = 8 if quick else 32
     out: dict = {"workers": n, "worker_cpus": round(2.0 / n, 4), "cores": os.cpu_count(), "start_threads": START_THREADS}
-    out["bare"] = {"sequential_s": bare_start(docker, image, n, 1), "parallel_s": bare_start(docker, image, n, START_THREADS)}
+    try:
+        out["bare"] = {"sequential_s": bare_start(docker, image, n, 1), "parallel_s": bare_start(docker, image, n, START_THREADS)}
+    except BareStartError as exc:
+        return {**out, "error": f"bare containers: {exc}"}
     out["meminfo"] = meminfo()
     with tempfile.TemporaryDirectory(prefix="bench-density-") as tmp:
         summary, path, out["error"] = _run(f"bench-density-{n}", n, 2.0 / n, 20, image, tmp)
@@ -182,9 +207,11 @@ def _s(value) -> str:
 def markdown(result: dict) -> list[str]:
     if "skipped" in result:
         return [f"Skipped: {result['skipped']}."]
-    n, bare = result["workers"], result["bare"]
+    n, bare = result["workers"], result.get("bare")
     lines = [f"{n} workers at {result['worker_cpus']} CPUs each on {result['cores']} cores; "
              f"bare containers: runtime image, `sleep 600`, internal network.", ""]
+    if bare is None:
+        return lines + [f"**Failed:** {result['error']}"]
     if result.get("error"):
         return lines + [f"Bare start: {_s(bare['sequential_s'])} s one after another, {_s(bare['parallel_s'])} s "
                         f"with {result['start_threads']} threads.", "", f"**The emulator run failed:** {result['error']}"]
