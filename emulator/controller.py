@@ -148,6 +148,7 @@ class Emulation:
         self._quotas_on = False  # CPU quotas are applied after the link probes, before training
         self.net_last: dict[str, dict] = {}  # latest interface counters per device
         self.net_marks: dict[str, dict[str, dict]] = {}  # counters at training start and end
+        self.payload_at_end: int | None = None  # the server's payload count when the end mark was taken
         rundir.write_text("scenario.yaml", scenario_text)
         if resolved is not None:
             rundir.write_json("scenario.resolved.json", resolved)
@@ -491,12 +492,15 @@ class Emulation:
             reason = self._loop()
             self.training_end = self.training_time()
             self.event("training_done", reason=reason, updates=self.state.updates, training_s=round(self.training_end, 3))
-            self._await_final()
+            # One window for both counters: the payload the server counted up to its flush at the
+            # end of training, and the interface read right after it. Every counted frame crossed
+            # the interface before the flush; pushes still in flight then (late ones, refused)
+            # are partly on the wire and not in the payload, so the wire can only be larger.
             self.state.server_done_flushed.wait(5.0)
-            # Late pushes (sent before the workers heard training was over) count in the payload,
-            # so the interface window closes after them too.
             self._sample()
             self.net_marks["end"] = dict(self.net_last)
+            self.payload_at_end = self.state.ingress_bytes
+            self._await_final()
             self.status = "completed"
         except KeyboardInterrupt:
             self.status = "interrupted"
@@ -524,8 +528,8 @@ class Emulation:
         """Bytes on the server's interface during training (all of it: headers, ACKs, retransmissions)."""
         ingress = _counter_delta(self.net_marks, "server", "rx_bytes")
         out = {"ingress_wire_bytes": ingress, "egress_wire_bytes": _counter_delta(self.net_marks, "server", "tx_bytes")}
-        if ingress and self.state.ingress_bytes:
-            out["wire_overhead_ratio"] = round(ingress / self.state.ingress_bytes, 4)
+        if ingress and self.payload_at_end:
+            out["wire_overhead_ratio"] = round(ingress / self.payload_at_end, 4)
         return out
 
     def summary(self, error: Exception | None = None) -> dict:
@@ -547,7 +551,10 @@ class Emulation:
             "compressor": self.plan.method.compressor, "workers": len(self.plan.workers), "seed": self.plan.seed,
             "final_accuracy": final.get("accuracy"), "final_loss": final.get("loss"), "final_version": final.get("version"),
             "final_is_end_of_training": bool(s.final_accuracy),
-            "updates_applied": s.updates, "ingress_payload_bytes": s.ingress_bytes, "applied_update_bytes": s.applied_bytes,
+            "updates_applied": s.updates,
+            "ingress_payload_bytes": s.ingress_bytes if self.payload_at_end is None else self.payload_at_end,
+            "late_payload_bytes": 0 if self.payload_at_end is None else s.ingress_bytes - self.payload_at_end,
+            "applied_update_bytes": s.applied_bytes,
             "rejected_frames": s.rejections, "late_updates": s.late_updates, "duration_s": round(duration, 3),
             "boot_s": None if self.training_start is None else round(self.training_start, 3),
             "training_started_ts": self.training_start,

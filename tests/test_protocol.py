@@ -365,3 +365,37 @@ def test_telemetry_without_collector_prints(capsys):
     tel.event("hello", x=1)
     tel.close()
     assert "events" in capsys.readouterr().err
+
+
+class _PacedReader:
+    """A socket stand-in that delivers ``chunk`` bytes per read at ``rate_bps`` on a fake clock;
+    the reads listed in ``late`` are seen ``lag`` seconds late (a reader busy elsewhere)."""
+
+    def __init__(self, rate_bps: float, chunk: int, late=(), lag: float = 0.0):
+        self.now, self.reads, self.rate, self.chunk, self.late, self.lag = 0.0, 0, rate_bps, chunk, set(late), lag
+        self.pending_lag = 0.0
+
+    def clock(self) -> float:
+        lag, self.pending_lag = self.pending_lag, 0.0
+        return self.now + lag
+
+    def recv_into(self, view, n: int) -> int:
+        n = min(n, self.chunk)
+        self.now += n * 8 / self.rate
+        if self.reads in self.late:
+            self.pending_lag = self.lag
+        self.reads += 1
+        return n
+
+
+def test_probe_rate_is_the_slope_over_the_second_half_and_shrugs_off_a_late_read():
+    from emulator.runtime.probe import timed_read
+
+    steady = _PacedReader(4e6, 16384)
+    seconds, rate = timed_read(steady, 1_000_000, clock=steady.clock)
+    assert rate == pytest.approx(4e6, rel=1e-6) and seconds == pytest.approx(2.0, rel=0.02)
+    # The last read seen 0.1 s late: the two end points alone would say 3.64 Mbit/s (-9 %).
+    chunks = -(-1_000_000 // 16384)
+    late = _PacedReader(4e6, 16384, late={chunks - 1}, lag=0.1)
+    _, rate = timed_read(late, 1_000_000, clock=late.clock)
+    assert rate == pytest.approx(4e6, rel=0.03)
