@@ -161,13 +161,11 @@ def register_part(cls: type[Part]) -> type[Part]:
     return cls
 
 
-@register_part
 @dataclass(frozen=True)
-class DensePart(Part):
-    """Every coordinate, in order."""
+class _EveryCoordinate(Part):
+    """A part that carries one value per coordinate of the tensor, in order (not registered)."""
 
     values: np.ndarray
-    kind: ClassVar[int] = 1
 
     @property
     def entries(self) -> int:
@@ -175,6 +173,14 @@ class DensePart(Part):
 
     def coordinates(self, size):
         return None, self.values
+
+
+@register_part
+@dataclass(frozen=True)
+class DensePart(_EveryCoordinate):
+    """Every coordinate, in order."""
+
+    kind: ClassVar[int] = 1
 
     def write(self, size, flags):
         if self.values.size != size:
@@ -275,21 +281,13 @@ def _signed(negative: np.ndarray, scale: float) -> np.ndarray:
 
 @register_part
 @dataclass(frozen=True)
-class HalfPart(Part):
+class HalfPart(_EveryCoordinate):
     """Every coordinate as IEEE half precision, whatever the wire's value format: 16 bits per entry.
 
     ``values`` are float32 holding float16-representable numbers (see :func:`to_half`).
     """
 
-    values: np.ndarray
     kind: ClassVar[int] = 4
-
-    @property
-    def entries(self) -> int:
-        return int(self.values.size)
-
-    def coordinates(self, size):
-        return None, self.values
 
     def write(self, size, flags):
         if self.values.size != size:
