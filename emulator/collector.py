@@ -12,6 +12,7 @@ import socket
 import threading
 from typing import Callable
 
+from .peerserver import PeerServer
 from .rundir import STREAMS, RunDirectory
 from .runtime import protocol
 
@@ -20,24 +21,18 @@ MAX_TRACE_FRAME = 8 << 20
 Observer = Callable[[str, list[dict]], None]
 
 
-class Collector:
+class Collector(PeerServer):
+    thread_name = "collector"
+
     def __init__(self, rundir: RunDirectory, token: bytes, host: str = "127.0.0.1", port: int = 0, *,
                  clock: Callable[[], float] | None = None):
+        super().__init__(socket.create_server((host, port), backlog=1024))
         self.rundir = rundir
         self.token = token
         self.clock = clock  # the run's trace clock, for the collector's own records
-        self._listener = socket.create_server((host, port), backlog=1024)
         self.address = self._listener.getsockname()[:2]
         self._observers: list[Observer] = []
-        self._peers: dict[str, tuple[socket.socket, threading.Lock]] = {}
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
         self.refused: dict[str, int] = {}
-        self._thread = threading.Thread(target=self._accept, name="collector", daemon=True)
-
-    def start(self) -> "Collector":
-        self._thread.start()
-        return self
 
     def observe(self, observer: Observer) -> None:
         self._observers.append(observer)
@@ -66,31 +61,9 @@ class Collector:
         with self._lock:
             return sorted(self._peers)
 
-    def close(self) -> None:
-        self._closed.set()
-        try:
-            self._listener.close()
-        except OSError:
-            pass
-        with self._lock:
-            peers = list(self._peers.values())
-        for sock, _ in peers:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
     def _refuse(self, reason: str) -> None:
         with self._lock:
             self.refused[reason] = self.refused.get(reason, 0) + 1
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                sock, peer = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
 
     def _serve(self, sock: socket.socket, peer) -> None:
         source = None

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from .. import agent as agent_wire
 from .. import links
+from ..peerserver import PeerServer
 from ..plan import DevicePlan, LinkPlan
 from .base import Backend, BackendUnavailable, Endpoints, RunContext
 from .docker import (CHECKPOINT_MOUNT, CPU_PERIOD_US, DATA_MOUNT, DEVICE_LABEL, DEVICE_UID, LABEL, MODULES,
@@ -420,50 +421,26 @@ class AgentError(RuntimeError):
     """An agent did not answer, or could not do what it was asked."""
 
 
-class AgentHub:
+class AgentHub(PeerServer):
     """Agents dial in (one per node), say hello, then answer requests by id."""
 
+    thread_name = "agent-hub"
+
     def __init__(self, token: bytes, listener: socket.socket, on_hello=None):
+        super().__init__(listener)
         self.token = token
-        self.listener = listener
         self.on_hello = on_hello or (lambda node, hello: None)
         self.hellos: dict[str, dict] = {}
         self.ready: dict[str, threading.Event] = {}
-        self._peers: dict[str, tuple[socket.socket, threading.Lock]] = {}
         self._pending: dict[int, Future] = {}
         self._ids = iter(range(1, 1 << 62))
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
         self._pool = ThreadPoolExecutor(16, thread_name_prefix="agent-call")
 
-    def start(self) -> "AgentHub":
-        threading.Thread(target=self._accept, name="agent-hub", daemon=True).start()
-        return self
-
     def close(self) -> None:
-        self._closed.set()
-        try:
-            self.listener.close()
-        except OSError:
-            pass
-        with self._lock:
-            peers = list(self._peers.values())
-        for sock, _ in peers:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        super().close()
         self._pool.shutdown(wait=False)
 
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock,), name="agent-conn", daemon=True).start()
-
-    def _serve(self, sock: socket.socket) -> None:
+    def _serve(self, sock: socket.socket, peer=None) -> None:
         node = None
         try:
             sock.settimeout(30)
