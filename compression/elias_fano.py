@@ -2,7 +2,8 @@
 
 Why: a top-k update is mostly indices. Elias-Fano stores ``k`` indices drawn from
 ``[0, n)`` in ``k * (2 + floor(log2(n / k))) + small`` bits, within a few percent of the
-information floor ``log2(n choose k)``, and encodes and decodes without a Python loop.
+information floor ``log2(n choose k)``, and encodes and decodes without a Python loop over
+large sets (small ones are built in Python integers, which is faster for them).
 
 Layout of one block (``n`` and ``k`` travel elsewhere, ``L`` is derived from them):
 the ``k`` low parts of ``L`` bits each, packed MSB first, then the upper bit vector of
@@ -10,6 +11,8 @@ the ``k`` low parts of ``L`` bits each, packed MSB first, then the upper bit vec
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -43,17 +46,50 @@ def encode(indices: np.ndarray, n: int) -> bytes:
     x = np.asarray(indices, dtype=np.int64)
     k = x.size
     width, low_bytes, upper_bytes = _sizes(n, k)
-    if k == 0:
-        return bytes(upper_bytes)
-    if width:
-        low = x & ((1 << width) - 1)
-        shifts = np.arange(width - 1, -1, -1, dtype=np.int64)
-        low_packed = np.packbits(((low[:, None] >> shifts) & 1).astype(np.uint8).ravel())
-    else:
-        low_packed = np.empty(0, np.uint8)
+    if k <= SMALL:
+        return _encode_with_ints(x.tolist(), width, low_bytes, upper_bytes)
+    low = _pack_low(x & ((1 << width) - 1), width, low_bytes) if width else b""
     upper = np.zeros(upper_bytes * 8, dtype=np.uint8)
     upper[(x >> width) + np.arange(k, dtype=np.int64)] = 1
-    return low_packed.tobytes() + np.packbits(upper).tobytes()
+    return low + np.packbits(upper).tobytes()
+
+
+SMALL = 24  # up to this many indices, Python integers beat numpy's per-call cost (1 us vs 13 us)
+
+
+def _encode_with_ints(xs: list[int], width: int, low_bytes: int, upper_bytes: int) -> bytes:
+    """The same block built bit by bit in two Python integers: for the model's small tensors."""
+    low = 0
+    upper = 0
+    top = upper_bytes * 8 - 1
+    mask = (1 << width) - 1
+    for i, x in enumerate(xs):
+        low = (low << width) | (x & mask)
+        upper |= 1 << (top - (x >> width) - i)
+    low <<= low_bytes * 8 - len(xs) * width
+    return low.to_bytes(low_bytes, "big") + upper.to_bytes(upper_bytes, "big")
+
+
+def _pack_low(low: np.ndarray, width: int, low_bytes: int) -> bytes:
+    """The low parts, ``width`` bits each, MSB first.
+
+    Codes are OR-ed into one 64-bit word per group of ``lcm(width, 8) / width`` codes, a whole
+    number of bytes, so no per-bit array is made (3x faster at c = 1 %). Widths whose group
+    exceeds 64 bits (odd widths above 8: only small ``k``) take the per-bit route.
+    """
+    group_bits = math.lcm(width, 8)
+    if group_bits > 64:
+        shifts = np.arange(width - 1, -1, -1, dtype=np.int64)
+        return np.packbits(((low[:, None] >> shifts) & 1).astype(np.uint8).ravel()).tobytes()
+    per_group = group_bits // width
+    padded = np.zeros(-(-low.size // per_group) * per_group, np.uint64)
+    padded[: low.size] = low
+    codes = padded.reshape(-1, per_group)
+    word = codes[:, 0] << np.uint64(group_bits - width)
+    for j in range(1, per_group):
+        word |= codes[:, j] << np.uint64(group_bits - width * (j + 1))
+    group_bytes = group_bits // 8
+    return word.astype(">u8").view(np.uint8).reshape(-1, 8)[:, 8 - group_bytes :].tobytes()[:low_bytes]
 
 
 def decode(block: bytes | memoryview, n: int, k: int) -> np.ndarray:

@@ -20,7 +20,8 @@ def keep_count(size: int, c: float) -> int:
     return max(1, min(size, math.floor(c * size)))
 
 
-SAMPLE = 4096  # magnitudes sampled to estimate the selection threshold
+SAMPLE = 4096  # at most this many magnitudes sampled to estimate the selection threshold
+MIN_STRIDE = 16  # ... and at most one in 16: a smaller tensor's sample costs less than it saves
 OVERSAMPLE = 1.3  # aim for this many candidates per kept entry
 
 
@@ -37,10 +38,12 @@ def top_magnitude(values: np.ndarray, k: int) -> np.ndarray:
     size = values.size
     if k >= size:
         return np.arange(size, dtype=np.int64)
+    if k == 1:  # every bias of the paper's CNN: one call instead of a partition
+        return np.array([np.argmax(np.abs(values))], dtype=np.int64)
     magnitude = np.abs(values)
     candidates = None
-    if size >= 4 * SAMPLE and k * 8 <= size:
-        sample = magnitude[:: size // SAMPLE]
+    if size >= MIN_STRIDE * 256 and k * 8 <= size:
+        sample = magnitude[:: max(MIN_STRIDE, size // SAMPLE)]
         want = min(sample.size, int(k / size * sample.size * OVERSAMPLE) + 8)
         threshold = np.partition(sample, sample.size - want)[sample.size - want]
         candidates = np.flatnonzero(magnitude >= threshold)
