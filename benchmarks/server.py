@@ -3,8 +3,10 @@
 A real parameter server process (with its telemetry going to a real collector, as in a run)
 is driven by synthetic pushers, each a process of its own that pushes a pre-encoded update
 and waits for the model in reply, as a worker does. Beside it, in the same run: the raw
-loopback TCP throughput of one Python sender and receiver (the floor for bytes moved), and
-the AdaComp rule's apply cost at staleness 1, 100 and 10,000 (it must not grow with d).
+loopback TCP throughput of one Python sender and receiver (bytes one way, nothing else), the
+exchange floor (the same request and reply sizes with the same number of client processes,
+answered by a server that does no work: what the traffic pattern alone allows on this
+machine), and the AdaComp rule's apply cost at staleness 1, 100 and 10,000 (flat in d).
 """
 
 from __future__ import annotations
@@ -49,6 +51,74 @@ def raw_loopback_bytes_per_s(seconds: float = 2.0) -> float:
     rate = result_q.get()
     receiver.join()
     return rate
+
+
+def _echo_connection(conn, request_bytes: int, reply: bytes) -> None:
+    from emulator.runtime.protocol import PeerClosed, recv_exact
+
+    buf = bytearray(request_bytes)
+    try:
+        while True:
+            recv_exact(conn, request_bytes, buf)
+            conn.sendall(reply)
+    except (PeerClosed, OSError):
+        conn.close()
+
+
+def _echo_server(port_q, request_bytes: int, reply_bytes: int) -> None:
+    """Answers each request of ``request_bytes`` with ``reply_bytes``: a server that does no work."""
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0), backlog=1024)
+    port_q.put(server.getsockname()[1])
+    reply = bytes(reply_bytes)
+    while True:
+        conn, _ = server.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=_echo_connection, args=(conn, request_bytes, reply), daemon=True).start()
+
+
+def _echo_client(port: int, request: bytes, reply_bytes: int, seconds: float, start_evt, result_q) -> None:
+    from emulator.runtime.protocol import recv_exact
+
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray(reply_bytes)
+    start_evt.wait()
+    done, deadline = 0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        sock.sendall(request)
+        recv_exact(sock, reply_bytes, buf)
+        done += 1
+    sock.close()
+    result_q.put(done)
+
+
+def exchange_floor(request_bytes: int, reply_bytes: int, clients: int, seconds: float) -> dict:
+    """The same exchanges as a push and its model reply, between processes that do nothing else.
+
+    What loopback TCP and Python's sockets allow for this traffic pattern on this machine, the
+    clients sharing the CPUs with the server as the pushers do: the floor for ingest."""
+    ctx = mp.get_context("fork")
+    port_q = ctx.Queue()
+    server = ctx.Process(target=_echo_server, args=(port_q, request_bytes, reply_bytes), daemon=True)
+    server.start()
+    try:
+        port = port_q.get(timeout=30)
+        start_evt, result_q = ctx.Event(), ctx.Queue()
+        request = bytes(request_bytes)
+        procs = [ctx.Process(target=_echo_client, args=(port, request, reply_bytes, seconds, start_evt, result_q))
+                 for _ in range(clients)]
+        for p in procs:
+            p.start()
+        start_evt.set()
+        total = sum(result_q.get(timeout=seconds + 120) for _ in procs)
+        for p in procs:
+            p.join()
+    finally:
+        server.terminate()
+        server.join()
+    return {"clients": clients, "exchanges_per_s": total / seconds, "ingest_bytes_per_s": total * request_bytes / seconds}
 
 
 def ingest(message: bytes, rule: str, pushers: int, seconds: float) -> dict:
@@ -102,12 +172,17 @@ def run(quick: bool = False) -> dict:
     sparse = compression.encode(compression.build("topk", {"c": 0.01}, layout).compress(splits), layout)
     dense = compression.encode(compression.build("dense", {}, layout).compress(splits), layout)
     seconds = 3.0 if quick else 8.0
-    out = {"raw_loopback_bytes_per_s": raw_loopback_bytes_per_s(2.0 if quick else 4.0), "ingest": []}
+    out = {"raw_loopback_bytes_per_s": raw_loopback_bytes_per_s(2.0 if quick else 4.0), "ingest": [], "exchange_floor": {}}
+    model_frame = layout.total * 4 + 38
     for pushers in ((1, 8) if quick else (1, 8, 64)):
+        floor = exchange_floor(len(dense) + 38, model_frame, pushers, seconds)
+        out["exchange_floor"][str(pushers)] = floor
         for label, message, rule in (("dense", dense, "plain"), ("adacomp", sparse, "adacomp")):
             row = ingest(message, rule, pushers, seconds)
             row["method"] = label
             row["share_of_loopback"] = row["ingest_bytes_per_s"] / out["raw_loopback_bytes_per_s"]
+            if label == "dense":
+                row["share_of_exchange_floor"] = row["ingest_bytes_per_s"] / floor["ingest_bytes_per_s"]
             out["ingest"].append(row)
     parts = compression.decode(sparse, layout)
     out["adacomp_apply_ms_by_staleness"] = adacomp_apply_vs_staleness(parts, layout, (1, 100) if quick else (1, 100, 10_000))
@@ -116,12 +191,16 @@ def run(quick: bool = False) -> dict:
 
 def markdown(result: dict) -> list[str]:
     raw = result["raw_loopback_bytes_per_s"]
-    lines = [f"Raw loopback TCP, one Python sender and receiver: **{raw / 1e6:,.0f} MB/s**.", "",
-             "| method | pushers | updates/s | ingest MB/s | share of raw loopback | server CPU (cores) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    floors = result.get("exchange_floor", {})
+    lines = [f"Raw loopback TCP, one Python sender and receiver: **{raw / 1e6:,.0f} MB/s**. Exchange floor: the "
+             "same push-sized requests and model-sized replies between processes that do no other work.", "",
+             "| method | pushers | updates/s | ingest MB/s | share of raw loopback | exchange floor MB/s | share of the floor | server CPU (cores) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in result["ingest"]:
+        floor = floors.get(str(row["pushers"])) if row["method"] == "dense" else None
+        floor_cells = (f"{floor['ingest_bytes_per_s'] / 1e6:,.1f} | {row['share_of_exchange_floor']:.1%}" if floor else "- | -")
         lines.append(f"| {row['method']} | {row['pushers']} | {row['updates_per_s']:,.0f} | {row['ingest_bytes_per_s'] / 1e6:,.1f} | "
-                     f"{row['share_of_loopback']:.1%} | {row['server_cpu_share']:.2f} |")
+                     f"{row['share_of_loopback']:.1%} | {floor_cells} | {row['server_cpu_share']:.2f} |")
     lines += ["", "AdaComp apply cost by staleness d (median ms): " + ", ".join(
         f"d={d}: {v['median_ms']:.3f}" for d, v in result["adacomp_apply_ms_by_staleness"].items())]
     return lines

@@ -399,3 +399,52 @@ def test_probe_rate_is_the_slope_over_the_second_half_and_shrugs_off_a_late_read
     late = _PacedReader(4e6, 16384, late={chunks - 1}, lag=0.1)
     _, rate = timed_read(late, 1_000_000, clock=late.clock)
     assert rate == pytest.approx(4e6, rel=0.03)
+
+
+class _ThrottledLoop:
+    """A fake CFS: a busy loop that may run ``quota_s`` of each ``period_s``, in steps of ``step_s``."""
+
+    def __init__(self, share: float, phase_s: float, period_s: float = 0.1, step_s: float = 0.0004):
+        self.period, self.quota, self.step = period_s, share * period_s, step_s
+        self.wall, self.cpu_used, self.in_period = phase_s, 0.0, 0.0
+
+    def clock(self) -> float:
+        self.wall += self.step
+        self.cpu_used += self.step
+        self.in_period += self.step
+        if self.in_period >= self.quota - 1e-12:  # quota spent: throttled until the next period
+            self.wall = (self.wall // self.period + 1) * self.period
+            self.in_period = 0.0
+        return self.wall
+
+    def cpu(self) -> float:
+        return self.cpu_used
+
+
+PHASES = [0.0, 0.0123, 0.05, 0.0987]
+
+
+def _plain_window_share(phase: float) -> float:
+    """The old estimate: CPU time over wall time from the start to the first reading past 1 s."""
+    loop = _ThrottledLoop(0.1, phase)
+    start = loop.clock()
+    while loop.clock() - start < 1.0:
+        pass
+    return loop.cpu() / (loop.wall - start)
+
+
+def test_cpu_share_is_timed_over_whole_throttling_periods():
+    from emulator.runtime.probe import measure_cpu
+
+    aligned = [measure_cpu(1.0, clock=loop.clock, cpu=loop.cpu) for loop in (_ThrottledLoop(0.1, p) for p in PHASES)]
+    assert aligned == [pytest.approx(0.1, rel=0.01)] * len(PHASES)
+    # The same fake quota timed over a window cut anywhere: off by the burst it cuts (here > 3 %).
+    assert max(abs(_plain_window_share(p) / 0.1 - 1) for p in PHASES) > 0.03
+
+
+def test_cpu_share_of_an_unthrottled_loop_is_its_plain_ratio():
+    from emulator.runtime.probe import measure_cpu
+
+    loop = _ThrottledLoop(1.0, 0.0)
+    loop.quota = float("inf")  # never waits
+    assert measure_cpu(0.2, clock=loop.clock, cpu=loop.cpu) == pytest.approx(1.0, rel=0.01)

@@ -58,21 +58,25 @@ class UpdateRule(ABC):
         """Update ``params`` in place (called under the server's lock); all or nothing."""
         with np.errstate(over="ignore", invalid="ignore"):
             steps, applied = self.steps(parts, worker, staleness)
-            new = [(target, params[target] - step) for target, step in steps]
+            targets = [target for target, _ in steps]
+            new = [(target, np.subtract(params[target], step, out=step)) for target, step in steps]
         for _, values in new:
             if not np.isfinite(values).all():
                 raise RuleError("overflow", "the update would make parameters non-finite")
         for target, values in new:
             params[target] = values
-        self.committed(steps)
+        self.committed(targets)
         return applied
 
     @abstractmethod
     def steps(self, parts: list[Part], worker: int, staleness: int) -> tuple[list[tuple[slice | np.ndarray, np.ndarray]], Applied]:
-        """``(target, step)`` pairs to subtract from the parameters, and what to report; changes no state."""
+        """``(target, step)`` pairs to subtract from the parameters, and what to report; changes no state.
 
-    def committed(self, steps) -> None:
-        """The steps were written (state that follows the applied updates changes here)."""
+        Each step is a fresh array the rule owns: :meth:`apply` overwrites it with the new
+        values (one allocation of the model's size less per update)."""
+
+    def committed(self, targets) -> None:
+        """The steps were written at ``targets`` (state that follows the applied updates changes here)."""
 
     def state(self) -> dict[str, np.ndarray]:
         """Arrays to checkpoint beside the parameters."""
@@ -138,8 +142,8 @@ class AdaComp(UpdateRule):
             inverse_sum += float(np.sum(1.0 / divisor))
         return steps, Applied(entries, inverse_sum / max(1, entries))
 
-    def committed(self, steps):
-        for target, _ in steps:
+    def committed(self, targets):
+        for target in targets:
             self.touches[target] += np.uint32(1)
 
     def state(self):

@@ -106,13 +106,15 @@ class ShapedSocket:
             self.sock.sendall(chunk)
 
     def recv_into(self, view, nbytes: int = 0) -> int:
+        """Up to ``nbytes``: paced in chunks under a rate, else all of them in one call
+        (``MSG_WAITALL``: one system call and one GIL hand-off per frame, not one per segment)."""
         self.shaper.wait_open()
         limit = nbytes or len(view)
         if self.shaper.recv_bucket.rate:
-            limit = min(limit, CHUNK)
-        got = self.sock.recv_into(view, limit)
-        self.shaper.recv_bucket.consume(got)
-        return got
+            got = self.sock.recv_into(view, min(limit, CHUNK))
+            self.shaper.recv_bucket.consume(got)
+            return got
+        return self.sock.recv_into(view, limit, socket.MSG_WAITALL)
 
 
 class Channel:
