@@ -104,7 +104,7 @@ class MemorySocket:
         self.chunk = chunk
         self.largest = 0
 
-    def recv_into(self, view, nbytes: int = 0) -> int:
+    def recv_into(self, view, nbytes: int = 0, flags: int = 0) -> int:  # short reads even under MSG_WAITALL
         self.largest = max(self.largest, len(view))
         n = min(nbytes or len(view), self.chunk, len(self.data) - self.pos)
         view[:n] = self.data[self.pos : self.pos + n]
