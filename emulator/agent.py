@@ -40,7 +40,7 @@ import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import links
+from . import links, procstats
 from .runtime import protocol
 
 HOST_PROC = "/host/proc"
@@ -198,24 +198,10 @@ def cgroup_usage(root: str, proc: str, pid: int) -> dict | None:
         return None
     pss = rss = 0
     for member in process_tree(proc, pid):
-        usage = process_memory(proc, member)
+        usage = procstats.memory(member, proc)
         pss += (usage or {}).get("pss_bytes", 0)
         rss += (usage or {}).get("rss_bytes", 0)
     return {"cpu_s": cpu_s, "memory_bytes": memory, "pss_bytes": pss, "rss_bytes": rss}
-
-
-def process_memory(proc: str, pid: int) -> dict | None:
-    """RSS and PSS in bytes of a process of another /proc (as procstats.memory for ours)."""
-    out = {}
-    try:
-        with open(f"{proc}/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                key, _, rest = line.partition(":")
-                if key in ("Rss", "Pss"):
-                    out[key.lower() + "_bytes"] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError):
-        return None
-    return out
 
 
 # -- the agent ------------------------------------------------------------------------------

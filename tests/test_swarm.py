@@ -146,13 +146,13 @@ def test_agent_resolves_node_paths_inside_the_node_root(tmp_path):
 
 
 def test_agent_reads_a_process_tree_its_interfaces_and_memory():
-    from emulator import agent
+    from emulator import agent, procstats
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         time.sleep(0.2)
         assert child.pid in agent.process_tree("/proc", os.getpid())
-        assert agent.process_memory("/proc", os.getpid())["pss_bytes"] > 0
+        assert procstats.memory(os.getpid(), "/proc")["pss_bytes"] > 0
         lo = agent.interface_bytes("/proc", os.getpid(), "lo")
         assert lo is not None and lo[0] >= 0
         assert agent.interface_bytes("/proc", os.getpid(), "no-such-if") is None
