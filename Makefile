@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements/lock.txt pyproject.toml 2>/dev/null | sha1sum | cut -c1-12)
 SCENARIO ?= scenarios/quickstart.yaml
 
-.PHONY: setup demo test test-fast docker figures bench clean lock help
+.PHONY: setup demo test test-fast docker figures bench profile clean lock help
 FIGURES_PROFILE := $(if $(FAST),fast,full)
 BACKEND ?= auto
 
@@ -15,6 +15,7 @@ help:
 	@echo "make test-fast  unit tests only (seconds)"
 	@echo "make figures    run the paper's experiments, write figures/*.png and figures/results.md (FAST=1: minutes)"
 	@echo "make bench      the benchmark suite, written to .bench/results.json and .bench/results.md (QUICK=1)"
+	@echo "make profile    where a run's CPU goes: py-spy over $(SCENARIO) on the local backend, .bench/profile.svg"
 	@echo "make clean      remove every container, network, cgroup and run directory of the emulator"
 
 setup: $(STAMP)
@@ -44,6 +45,14 @@ figures: setup docker
 
 bench: setup
 	$(BIN)/python -m benchmarks $(if $(QUICK),--quick,) --out .bench
+
+# py-spy is a profiler, not a dependency of the emulator: installed on demand, outside the lock.
+profile: setup
+	@$(BIN)/python -m pip show -q py-spy >/dev/null 2>&1 || $(BIN)/python -m pip install -q py-spy
+	@mkdir -p .bench
+	$(BIN)/py-spy record --subprocesses --rate 50 --output .bench/profile.svg -- \
+		$(BIN)/emulate run $(SCENARIO) --backend local --out .bench/profile-runs --set training.max_updates=200 --quiet
+	@echo "flame graph of every process of the run: .bench/profile.svg"
 
 clean:
 	-$(BIN)/emulate clean

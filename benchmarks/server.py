@@ -112,14 +112,17 @@ def exchange_floor(request_bytes: int, reply_bytes: int, clients: int, seconds: 
                  for _ in range(clients)]
         for p in procs:
             p.start()
+        cpu0 = _cpu_s(server.pid)
         start_evt.set()
         total = sum(result_q.get(timeout=seconds + 120) for _ in procs)
+        cpu = _cpu_s(server.pid) - cpu0
         for p in procs:
             p.join()
     finally:
         server.terminate()
         server.join()
-    return {"clients": clients, "exchanges_per_s": total / seconds, "ingest_bytes_per_s": total * request_bytes / seconds}
+    return {"clients": clients, "exchanges_per_s": total / seconds, "ingest_bytes_per_s": total * request_bytes / seconds,
+            "server_cpu_ms_per_exchange": 1000 * cpu / max(1, total)}
 
 
 def ingest(message: bytes, rule: str, pushers: int, seconds: float) -> dict:
@@ -208,9 +211,10 @@ def markdown(result: dict) -> list[str]:
     for row in result["ingest"]:
         floor = floors.get(str(row["pushers"])) if row["method"] == "dense" else None
         floor_cells = (f"{floor['ingest_bytes_per_s'] / 1e6:,.1f} | {row['share_of_exchange_floor']:.1%}" if floor else "- | -")
+        floor_cpu = f" (floor {floor['server_cpu_ms_per_exchange']:.2f})" if floor and "server_cpu_ms_per_exchange" in floor else ""
         lines.append(f"| {row['method']} | {row['pushers']} | {row['updates_per_s']:,.0f} | {row['ingest_bytes_per_s'] / 1e6:,.1f} | "
                      f"{row['share_of_loopback']:.1%} | {floor_cells} | {row['server_cpu_share']:.2f} | "
-                     f"{row.get('server_cpu_ms_per_update', float('nan')):.2f} |")
+                     f"{row.get('server_cpu_ms_per_update', float('nan')):.2f}{floor_cpu} |")
     lines += ["", "AdaComp apply cost by staleness d (median ms): " + ", ".join(
         f"d={d}: {v['median_ms']:.3f}" for d, v in result["adacomp_apply_ms_by_staleness"].items())]
     return lines

@@ -43,7 +43,7 @@ def write_json_atomic(path: Path, data) -> None:
 
 class RunDirectory:
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.path = Path(path).absolute()  # devices run with the run directory as their cwd
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "logs").mkdir(exist_ok=True)
         self._files: dict[str, object] = {}

@@ -44,6 +44,7 @@ def test_quick_worker_wire_and_server_benchmarks_write_their_results(tmp_path):
     for row in rows.values():
         assert row["updates"] > 0 and row["server_cpu_ms_per_update"] > 0
     for pushers in (1, 8):
-        assert server["exchange_floor"][str(pushers)]["exchanges_per_s"] > 0
+        floor = server["exchange_floor"][str(pushers)]
+        assert floor["exchanges_per_s"] > 0 and floor["server_cpu_ms_per_exchange"] > 0
         assert rows[("dense", pushers)]["share_of_exchange_floor"] > 0
     assert set(server["adacomp_apply_ms_by_staleness"]) == {"1", "100"}

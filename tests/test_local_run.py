@@ -91,3 +91,20 @@ def test_memory_reads_rss_each_time_and_pss_at_most_every_interval(monkeypatch):
     assert sum(p.endswith("/smaps_rollup") for p in opened) == 2
     assert sum(p.endswith("/statm") for p in opened) == 3
     assert procstats.memory(2**22 + 12345) is None  # no such process
+
+
+def test_a_run_into_a_relative_directory_from_the_command_line(tmp_path, monkeypatch):
+    # `emulate run scenario.yaml` writes under ./runs by default. The local backend starts its
+    # devices with the run directory as their working directory, so a relative run path once
+    # pointed every device's log at a directory that did not exist there: no device started.
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "emulator.cli", "run", str(SCENARIOS / "quickstart.yaml"), "--backend", "local",
+                           "--set", "training.max_updates=10", "--no-fidelity", "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    assert read_json(run / "summary.json")["status"] == "completed"
+    assert (run / "logs" / "worker-0.log").exists()
