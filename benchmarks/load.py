@@ -64,7 +64,7 @@ class ServerWatch:
             self.updates_traced += len(records)
 
     def sample(self, label: str = "") -> dict:
-        usage = self._memory(self.server.pid) or {}
+        usage = self._memory(self.server.pid, pss_every_s=0) or {}  # growth is the point: always fresh
         row = {"t_s": round(time.monotonic() - self.t0, 2), "version": self.version, "label": label,
                "rss_bytes": usage.get("rss_bytes", 0), "pss_bytes": usage.get("pss_bytes", 0)}
         self.samples.append(row)

@@ -23,13 +23,14 @@ PSS_EVERY_S = 10.0  # reading smaps_rollup of a TensorFlow process costs ~18 ms 
 _pss_seen: dict[tuple[str, int], tuple[float, int]] = {}  # (proc root, pid) -> (when read, PSS)
 
 
-def memory(pid: int, proc: str = "/proc") -> dict | None:
+def memory(pid: int, proc: str = "/proc", *, pss_every_s: float = PSS_EVERY_S) -> dict | None:
     """RSS and PSS in bytes (PSS shares pages fairly between the processes that map them).
 
     RSS is read every call (``statm``: microseconds). PSS is read again at most every
     ``PSS_EVERY_S`` per process: ``smaps_rollup`` walks every mapping, ~18 ms for a TensorFlow
     process, so reading it each second for 16 devices took a third of a core from the devices
-    being emulated. ``proc`` is another /proc (the swarm agent reads its host's)."""
+    being emulated. ``proc`` is another /proc (the swarm agent reads its host's);
+    ``pss_every_s=0`` reads PSS every time (a benchmark watching one process's growth)."""
     try:
         with open(f"{proc}/{pid}/statm") as fh:
             rss = int(fh.read().split()[1]) * _PAGE
@@ -37,7 +38,7 @@ def memory(pid: int, proc: str = "/proc") -> dict | None:
         return None
     key, now = (proc, pid), time.monotonic()
     seen = _pss_seen.get(key)
-    if seen is None or now - seen[0] >= PSS_EVERY_S:
+    if seen is None or now - seen[0] >= pss_every_s:
         pss = _pss(f"{proc}/{pid}/smaps_rollup")
         if pss is None:
             return {"rss_bytes": rss}

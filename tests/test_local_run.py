@@ -90,6 +90,8 @@ def test_memory_reads_rss_each_time_and_pss_at_most_every_interval(monkeypatch):
     procstats.memory(pid)
     assert sum(p.endswith("/smaps_rollup") for p in opened) == 2
     assert sum(p.endswith("/statm") for p in opened) == 3
+    procstats.memory(pid, pss_every_s=0)  # asked for fresh: read now
+    assert sum(p.endswith("/smaps_rollup") for p in opened) == 3
     assert procstats.memory(2**22 + 12345) is None  # no such process
 
 
