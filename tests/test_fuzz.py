@@ -269,7 +269,7 @@ test_fuzz.fuzz_main(sys.argv[1:])
 
 
 def fuzz_main(argv: list[str]) -> None:
-    """``TARGET --runs N --seconds S --seed X --corpus DIR --stats FILE``: fuzz, counting outcomes."""
+    """``TARGET --runs N --seconds S --seed X --corpus DIR --stats FILE --artifacts DIR``: fuzz, counting outcomes."""
     import atheris
 
     parser = argparse.ArgumentParser()
@@ -280,6 +280,7 @@ def fuzz_main(argv: list[str]) -> None:
     parser.add_argument("--max-len", type=int, default=8192)
     parser.add_argument("--corpus", required=True)
     parser.add_argument("--stats", required=True)
+    parser.add_argument("--artifacts", required=True, help="where libFuzzer writes the input of a failure")
     args = parser.parse_args(argv)
     make_target, make_seeds = TARGETS[args.target]
     target = make_target() if isinstance(make_target, type) else make_target
@@ -299,7 +300,7 @@ def fuzz_main(argv: list[str]) -> None:
             Path(args.stats).write_text(json.dumps({"executions": count, "outcomes": outcomes}))
 
     atheris.Setup([sys.argv[0], f"-runs={args.runs}", f"-max_total_time={args.seconds}", f"-seed={args.seed}",
-                   f"-max_len={args.max_len}", "-print_final_stats=1", str(corpus)], one_input)
+                   f"-max_len={args.max_len}", "-print_final_stats=1", f"-artifact_prefix={args.artifacts}/", str(corpus)], one_input)
     atheris.Fuzz()
 
 
@@ -310,7 +311,7 @@ def run_fuzzer(target: str, tmp_path: Path) -> dict:
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-c", RUNNER, target, "--runs", str(FUZZ_RUNS), "--seconds", str(FUZZ_SECONDS),
-         "--corpus", str(tmp_path / f"corpus-{target}"), "--stats", str(stats)],
+         "--corpus", str(tmp_path / f"corpus-{target}"), "--stats", str(stats), "--artifacts", str(tmp_path)],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}"),
         capture_output=True, text=True, timeout=FUZZ_SECONDS + 120,
     )
