@@ -18,6 +18,8 @@ import time
 
 import numpy as np
 
+from emulator.runtime.protocol import HEADER
+
 from .common import cnn_layout, measure, realistic_gradient
 from .pushers import ServerProcess, pusher
 
@@ -106,42 +108,41 @@ def exchange_floor(request_bytes: int, reply_bytes: int, clients: int, seconds: 
     server.start()
     try:
         port = port_q.get(timeout=30)
-        start_evt, result_q = ctx.Event(), ctx.Queue()
         request = bytes(request_bytes)
-        procs = [ctx.Process(target=_echo_client, args=(port, request, reply_bytes, seconds, start_evt, result_q))
-                 for _ in range(clients)]
-        for p in procs:
-            p.start()
-        cpu0 = _cpu_s(server.pid)
-        start_evt.set()
-        total = sum(result_q.get(timeout=seconds + 120) for _ in procs)
-        cpu = _cpu_s(server.pid) - cpu0
-        for p in procs:
-            p.join()
+        done, cpu = _drive(server.pid, _echo_client, [(port, request, reply_bytes, seconds)] * clients, seconds)
     finally:
         server.terminate()
         server.join()
+    total = sum(done)
     return {"clients": clients, "exchanges_per_s": total / seconds, "ingest_bytes_per_s": total * request_bytes / seconds,
             "server_cpu_ms_per_exchange": 1000 * cpu / max(1, total)}
 
 
+def _drive(server_pid: int, target, client_args: list[tuple], seconds: float, before_start=None) -> tuple[list, float]:
+    """One process per ``client_args`` running ``target(*args, start_evt, result_q)``, released
+    together; returns what each put on the queue and the server's CPU seconds meanwhile."""
+    ctx = mp.get_context("fork")
+    start_evt, result_q = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, start_evt, result_q)) for args in client_args]
+    for p in procs:
+        p.start()
+    if before_start is not None:
+        before_start()
+    cpu0 = _cpu_s(server_pid)
+    start_evt.set()
+    results = [result_q.get(timeout=seconds + 120) for _ in procs]
+    cpu = _cpu_s(server_pid) - cpu0
+    for p in procs:
+        p.join()
+    return results, cpu
+
+
 def ingest(message: bytes, rule: str, pushers: int, seconds: float) -> dict:
     with ServerProcess(cnn_layout(), rule) as server:
-        ctx = mp.get_context("fork")
-        start_evt, result_q = ctx.Event(), ctx.Queue()
-        procs = [ctx.Process(target=pusher, args=(server.address, server.token, i, message, seconds, start_evt, result_q))
-                 for i in range(pushers)]
-        for p in procs:
-            p.start()
-        server.start_training()
-        start_evt.set()
-        cpu0 = _cpu_s(server.pid)
-        counts = [result_q.get(timeout=seconds + 120)["answered"] for _ in procs]
-        cpu = _cpu_s(server.pid) - cpu0
-        for p in procs:
-            p.join()
-    total = sum(counts)
-    frame = len(message) + 38
+        results, cpu = _drive(server.pid, pusher, [(server.address, server.token, i, message, seconds) for i in range(pushers)],
+                              seconds, before_start=server.start_training)
+    total = sum(r["answered"] for r in results)
+    frame = len(message) + HEADER.size
     return {"pushers": pushers, "updates": total, "updates_per_s": total / seconds,
             "ingest_bytes_per_s": total * frame / seconds, "server_cpu_share": cpu / seconds,
             "server_cpu_ms_per_update": 1000 * cpu / max(1, total)}
@@ -178,12 +179,12 @@ def run(quick: bool = False) -> dict:
     dense = compression.encode(compression.build("dense", {}, layout).compress(splits), layout)
     seconds = 3.0 if quick else 8.0
     out = {"raw_loopback_samples": [], "ingest": [], "exchange_floor": {}}
-    model_frame = layout.total * 4 + 38
+    model_frame = layout.total * 4 + HEADER.size
     for pushers in ((1, 8) if quick else (1, 8, 64)):
         # Loopback throughput moves by 2x between minutes on this shared machine: it is measured
         # beside every group of rows and the shares use the median of all the samples.
         out["raw_loopback_samples"].append(raw_loopback_bytes_per_s(2.0 if quick else 3.0))
-        floor = exchange_floor(len(dense) + 38, model_frame, pushers, seconds)
+        floor = exchange_floor(len(dense) + HEADER.size, model_frame, pushers, seconds)
         out["exchange_floor"][str(pushers)] = floor
         for label, message, rule in (("dense", dense, "plain"), ("adacomp", sparse, "adacomp")):
             row = ingest(message, rule, pushers, seconds)
@@ -201,8 +202,8 @@ def run(quick: bool = False) -> dict:
 
 def markdown(result: dict) -> list[str]:
     raw = result["raw_loopback_bytes_per_s"]
-    floors = result.get("exchange_floor", {})
-    samples = ", ".join(f"{x / 1e6:,.0f}" for x in result.get("raw_loopback_samples", []))
+    floors = result["exchange_floor"]
+    samples = ", ".join(f"{x / 1e6:,.0f}" for x in result["raw_loopback_samples"])
     lines = [f"Raw loopback TCP, one Python sender and receiver: **{raw / 1e6:,.0f} MB/s** (median of {samples} MB/s, "
              "one sample beside each group of rows). Exchange floor: the same push-sized requests and model-sized "
              "replies between processes that do no other work.", "",
@@ -211,10 +212,10 @@ def markdown(result: dict) -> list[str]:
     for row in result["ingest"]:
         floor = floors.get(str(row["pushers"])) if row["method"] == "dense" else None
         floor_cells = (f"{floor['ingest_bytes_per_s'] / 1e6:,.1f} | {row['share_of_exchange_floor']:.1%}" if floor else "- | -")
-        floor_cpu = f" (floor {floor['server_cpu_ms_per_exchange']:.2f})" if floor and "server_cpu_ms_per_exchange" in floor else ""
+        floor_cpu = f" (floor {floor['server_cpu_ms_per_exchange']:.2f})" if floor else ""
         lines.append(f"| {row['method']} | {row['pushers']} | {row['updates_per_s']:,.0f} | {row['ingest_bytes_per_s'] / 1e6:,.1f} | "
                      f"{row['share_of_loopback']:.1%} | {floor_cells} | {row['server_cpu_share']:.2f} | "
-                     f"{row.get('server_cpu_ms_per_update', float('nan')):.2f}{floor_cpu} |")
+                     f"{row['server_cpu_ms_per_update']:.2f}{floor_cpu} |")
     lines += ["", "AdaComp apply cost by staleness d (median ms): " + ", ".join(
         f"d={d}: {v['median_ms']:.3f}" for d, v in result["adacomp_apply_ms_by_staleness"].items())]
     return lines
