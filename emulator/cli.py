@@ -23,11 +23,12 @@ def _say(msg: str) -> None:
 
 
 def _load(path: str, overrides: tuple[str, ...]):
-    from .plan import make_plan
+    from .plan import check_dataset, make_plan
 
     try:
         scenario, raw = load_scenario(path, list(overrides))
         plan = make_plan(scenario)
+        check_dataset(scenario)  # a missing or too small dataset is bad input, found before anything runs
     except ScenarioError as exc:
         if not exc.source:
             exc = ScenarioError(exc.problems, path)

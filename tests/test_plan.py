@@ -507,3 +507,35 @@ def test_ten_thousand_workers_plan_quickly():
     plan = plan_of(scenario([{"count": 10_000, "cpus": {"uniform": [0.1, 0.5]}}]))
     assert len(plan.workers) == 10_000
     assert time.monotonic() - started < 5
+
+
+# --- the data a scenario asks for, checked against this machine -----------------------
+
+
+def test_check_dataset_refuses_more_test_images_than_the_dataset_has():
+    from emulator.plan import check_dataset
+
+    with pytest.raises(ScenarioError) as caught:
+        check_dataset(validate(scenario(dataset={"name": "digits", "test_size": 2000})))
+    [problem] = caught.value.problems
+    assert problem.path == "dataset.test_size" and "2,000" in problem.message and "360" in problem.message
+    assert check_dataset(validate(scenario(dataset={"name": "digits", "test_size": "50%"}))).test_examples == 360
+
+
+def test_check_dataset_refuses_an_absent_dataset_and_more_workers_than_examples(tmp_path, monkeypatch):
+    from emulator.plan import check_dataset
+
+    monkeypatch.setenv("EMULATE_DATA_ROOT", str(tmp_path))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    with pytest.raises(ScenarioError) as caught:
+        check_dataset(validate(scenario(dataset={"name": "fashion-mnist"})))
+    assert caught.value.problems[0].path == "dataset.name" and "dataset-fashion-mnist" in caught.value.problems[0].message
+    with pytest.raises(ScenarioError) as caught:
+        check_dataset(validate(scenario(workers=[{"count": 4}], dataset={"name": "digits", "train_size": 3})))
+    assert caught.value.problems[0].path == "workers" and "3 training examples" in caught.value.problems[0].message
+
+
+def test_emulate_plan_exits_2_when_the_dataset_is_too_small(tmp_path):
+    result = CliRunner().invoke(main, ["plan", str(HERE.parent / "scenarios" / "quickstart.yaml"), "--set", "dataset.test_size=2000"])
+    assert result.exit_code == 2, result.output
+    assert "dataset.test_size: asks for 2,000 examples but 'mnist-5k' has 1,000 here" in result.output
