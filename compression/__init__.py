@@ -1,7 +1,8 @@
 """Gradient compressors behind one small interface, and the wire codec the server decodes.
 
 ``build(name, params, layout)`` makes a compressor from config; ``codec.encode``/``decode``
-turn its parts into bytes and back. See ``base.py`` for the contract. Registered compressors:
+turn its parts into bytes and back. See ``base.py`` for the contract (a gradient with NaN or
+Inf raises :class:`NonFiniteGradient`, never a trimmed selection). Registered compressors:
 ``dense``, ``topk`` (Hardy et al.), ``randomk``, ``threshold``, ``dgc``, ``qsgd``, ``terngrad``,
 ``signsgd``, ``fp16``, ``powersgd`` and ``adaptive_residual`` (Chen et al.'s AdaComp), one
 module each; ``ErrorFeedback`` wraps any of them that does not keep its own residual.
@@ -10,7 +11,7 @@ module each; ``ErrorFeedback`` wraps any of them that does not keep its own resi
 from . import (  # noqa: F401  (importing a module registers its compressor)
     adaptive_residual, dense, dgc, fp16, powersgd, qsgd, randomk, signsgd, terngrad, threshold, topk,
 )
-from .base import COMPRESSORS, Compressor, Params, build, register
+from .base import COMPRESSORS, Compressor, NonFiniteGradient, Params, build, register
 from .codec import CodecError, decode, encode
 from .layout import Layout, TensorSpec
 from .memory import ErrorFeedback
@@ -19,7 +20,7 @@ from .parts import (
 )
 
 __all__ = [
-    "COMPRESSORS", "Compressor", "Params", "build", "register", "CodecError", "decode", "encode",
+    "COMPRESSORS", "Compressor", "NonFiniteGradient", "Params", "build", "register", "CodecError", "decode", "encode",
     "Layout", "TensorSpec", "ErrorFeedback", "DensePart", "HalfPart", "LowRankPart", "Part", "QuantizedPart",
     "SignPart", "SparsePart", "SparseSignPart", "WireFormat",
 ]

@@ -73,7 +73,7 @@ class AdaptiveResidual(Compressor):
         self.bin_sizes = [params.bin_size or default_bin_size(t.shape) for t in layout.tensors]
         self.residual = [np.zeros(size, np.float32) for size in layout.sizes]
 
-    def compress(self, grads):
+    def _compress(self, grads):
         parts = []
         for i, (g, bin_size) in enumerate(zip(grads, self.bin_sizes)):
             accumulated = self.residual[i] + g

@@ -6,6 +6,12 @@ parts travel (encoded by :mod:`compression.codec`), anything else a compressor k
 state, warm starts) stays on the worker. The server never needs the compressor: it reads
 parts. Parameters are a pydantic model per compressor, so ``method: {name: topk, c: 0.01}``
 is validated field by field with the same error paths as the rest of the scenario.
+
+A gradient with any NaN or Inf is never compressed: :meth:`Compressor.compress` raises
+:class:`NonFiniteGradient` before a subclass sees it (and before any state it keeps, a residual
+or a momentum, changes). Selections silently trim such input (the top-k of an all-NaN tensor is
+empty), so the worker reports the gradient to the server instead, which counts it toward
+divergence.
 """
 
 from __future__ import annotations
@@ -18,6 +24,22 @@ from pydantic import BaseModel, ConfigDict
 
 from .layout import Layout
 from .parts import Part
+
+
+class NonFiniteGradient(ValueError):
+    """The gradient holds NaN or Inf; ``tensors`` maps each such tensor's name to how many it holds."""
+
+    def __init__(self, tensors: dict[str, int]):
+        self.tensors = tensors
+        super().__init__("non-finite gradient: " + ", ".join(f"{name} {n}" for name, n in tensors.items()))
+
+
+def require_finite(grads: list[np.ndarray], layout: Layout) -> None:
+    """Raise :class:`NonFiniteGradient` if any value of ``grads`` is NaN or Inf."""
+    if all(np.isfinite(g).all() for g in grads):
+        return
+    counts = {spec.name: int(g.size - np.count_nonzero(np.isfinite(g))) for spec, g in zip(layout.tensors, grads)}
+    raise NonFiniteGradient({name: n for name, n in counts.items() if n})
 
 
 class Params(BaseModel):
@@ -38,9 +60,16 @@ class Compressor(ABC):
         self.layout = layout
         self.rng = np.random.default_rng(seed)
 
-    @abstractmethod
     def compress(self, grads: list[np.ndarray]) -> list[Part]:
-        """One part per tensor; ``grads[i]`` is flat float32 of ``layout.sizes[i]`` values."""
+        """One part per tensor; ``grads[i]`` is flat float32 of ``layout.sizes[i]`` values.
+
+        Raises :class:`NonFiniteGradient` (nothing compressed, no state changed) if any is NaN or Inf."""
+        require_finite(grads, self.layout)
+        return self._compress(grads)
+
+    @abstractmethod
+    def _compress(self, grads: list[np.ndarray]) -> list[Part]:
+        """:meth:`compress` for a gradient known to be finite."""
 
 
 COMPRESSORS: dict[str, type[Compressor]] = {}

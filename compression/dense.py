@@ -10,5 +10,5 @@ from .parts import DensePart
 class Dense(Compressor):
     name = "dense"
 
-    def compress(self, grads):
+    def _compress(self, grads):
         return [DensePart(g) for g in grads]

@@ -77,7 +77,7 @@ class DGC(Compressor):
     def density(self) -> float:
         return warmup_density(self.step, self.params.c, self.params.warmup_steps)
 
-    def compress(self, grads):
+    def _compress(self, grads):
         density = self.density()
         self.step += 1
         mu = np.float32(self.params.momentum)

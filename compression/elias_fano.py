@@ -7,7 +7,9 @@ large sets (small ones are built in Python integers, which is faster for them).
 
 Layout of one block (``n`` and ``k`` travel elsewhere, ``L`` is derived from them):
 the ``k`` low parts of ``L`` bits each, packed MSB first, then the upper bit vector of
-``k + (n >> L) + 1`` bits where element ``i`` sets bit ``(x_i >> L) + i``.
+``k + (n >> L) + 1`` bits where element ``i`` sets bit ``(x_i >> L) + i``. An empty set
+(``k = 0``) is an empty block: its upper vector would be ``n + 1`` zero bits (50 kB for the
+paper's 3136x128 kernel) that say nothing ``k`` does not.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def low_bits(n: int, k: int) -> int:
 
 
 def _sizes(n: int, k: int) -> tuple[int, int, int]:
+    if k <= 0:
+        return 0, 0, 0
     width = low_bits(n, k)
     low_bytes = (k * width + 7) // 8
     upper_bits = k + (n >> width) + 1

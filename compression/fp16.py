@@ -15,5 +15,5 @@ from .parts import HalfPart, to_half
 class FP16(Compressor):
     name = "fp16"
 
-    def compress(self, grads):
+    def _compress(self, grads):
         return [HalfPart(to_half(g)) for g in grads]

@@ -68,12 +68,12 @@ class PowerSGD(Compressor):
         self.shapes = [matrix_shape(t) if worth_factoring(matrix_shape(t), r) else None for t in layout.tensors]
         self.q = [None if s is None else self.rng.standard_normal((s[1], r)).astype(np.float32) for s in self.shapes]
 
-    def compress(self, grads):
+    def _compress(self, grads):
         return [self.factor(i, g) for i, g in enumerate(grads)]
 
     def factor(self, i: int, g: np.ndarray):
         shape = self.shapes[i]
-        if shape is None or not np.isfinite(g).all():  # non-finite: sent as is, the server refuses it
+        if shape is None:
             return DensePart(g)
         m = g.reshape(shape)
         p = orthonormalise(m @ self.q[i])

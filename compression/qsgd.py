@@ -41,7 +41,7 @@ class QSGD(Compressor):
     name = "qsgd"
     Params = QSGDParams
 
-    def compress(self, grads):
+    def _compress(self, grads):
         s = self.params.s
         parts = []
         for g in grads:

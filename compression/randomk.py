@@ -37,7 +37,7 @@ class RandomK(Compressor):
         super().__init__(params, layout, seed)
         self.keep = [keep_count(size, params.c) for size in layout.sizes]
 
-    def compress(self, grads):
+    def _compress(self, grads):
         parts = []
         for g, k in zip(grads, self.keep):
             idx = random_indices(g.size, k, self.rng)

@@ -19,5 +19,5 @@ from .parts import SignPart, as_scale
 class SignSGD(Compressor):
     name = "signsgd"
 
-    def compress(self, grads):
+    def _compress(self, grads):
         return [SignPart(as_scale(np.mean(np.abs(g), dtype=np.float64)), g < 0) for g in grads]

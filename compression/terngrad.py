@@ -33,7 +33,7 @@ class TernGrad(Compressor):
         bound = np.float32(self.params.clip_sigma * np.std(g, dtype=np.float64))
         return np.clip(g, -bound, bound)
 
-    def compress(self, grads):
+    def _compress(self, grads):
         parts = []
         for g in grads:
             g = self.clip(g)

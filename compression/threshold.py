@@ -23,7 +23,7 @@ class Threshold(Compressor):
     name = "threshold"
     Params = ThresholdParams
 
-    def compress(self, grads):
+    def _compress(self, grads):
         parts = []
         for g in grads:
             idx = np.flatnonzero(np.abs(g) >= self.params.tau)

@@ -33,7 +33,8 @@ def top_magnitude(values: np.ndarray, k: int) -> np.ndarray:
     then found among the candidates. If the estimate keeps fewer than ``k`` (it cannot be
     trusted to include them all) every entry is a candidate, so the result never depends on the
     sample. Selecting by the k-th value rather than by argpartition keeps the indices in order:
-    no sort afterwards.
+    no sort afterwards. ``values`` must be finite: no NaN compares above a k-th value, so a
+    tensor of NaNs would select nothing (:meth:`~compression.base.Compressor.compress` checks).
     """
     size = values.size
     if k >= size:
@@ -77,7 +78,7 @@ class TopK(Compressor):
         super().__init__(params, layout, seed)
         self.keep = [keep_count(size, params.c) for size in layout.sizes]
 
-    def compress(self, grads):
+    def _compress(self, grads):
         parts = []
         for g, k in zip(grads, self.keep):
             idx = top_magnitude(g, k)

@@ -80,6 +80,34 @@ def test_elias_fano_edges(n, x):
     np.testing.assert_array_equal(elias_fano.decode(block, n, x.size), x)
 
 
+@pytest.mark.parametrize("n", [1, 64, 401408])
+def test_elias_fano_empty_set_is_an_empty_block(n):
+    # Its upper vector would be n + 1 zero bits: 50,177 bytes for the paper's 3136x128 kernel.
+    assert elias_fano.encoded_size(n, 0) == 0
+    assert elias_fano.encode(np.zeros(0, np.int64), n) == b""
+    assert elias_fano.decode(b"", n, 0).size == 0
+    with pytest.raises(elias_fano.EliasFanoError):
+        elias_fano.decode(b"\0", n, 0)
+
+
+def test_an_empty_or_tiny_part_costs_a_few_bytes(cnn_layout):
+    """A message that selects nothing from the big kernel (what an all-NaN kernel once gave: 202
+    entries in 51,329 bytes) is a few bytes more than the other tensors' entries."""
+    grads = random_grads(cnn_layout, 3)
+    parts = compression.build("topk", {"c": 0.01}, cnn_layout).compress(grads)
+    kernel = cnn_layout.sizes.index(401408)
+    empty = SparsePart(np.zeros(0, np.int64), np.zeros(0, np.float32))
+    without = encode([empty if i == kernel else p for i, p in enumerate(parts)], cnn_layout)
+    others = sum(len(p.write(n, 0)) for i, (p, n) in enumerate(zip(parts, cnn_layout.sizes)) if i != kernel)
+    assert sum(p.entries for i, p in enumerate(parts) if i != kernel) == 202
+    assert len(without) == 3 + 6 * len(cnn_layout) + others + 4  # the empty part: its count only
+    assert len(without) < 2000
+    assert decode(without, cnn_layout)[kernel].entries == 0
+    one = SparsePart(np.array([401407], np.int64), np.array([1.5], np.float32))
+    assert len(one.write(401408, 0)) <= 12  # count, value and about 22 bits of index
+    assert len(one.write(401408, FLAG_RAW32_INDICES)) == 12
+
+
 def test_elias_fano_accepts_memoryview():
     x = np.array([3, 17, 90], np.int64)
     block = elias_fano.encode(x, 100)

@@ -136,6 +136,51 @@ def test_every_compressor_with_every_rule(name, rule):
     assert np.isfinite(params).all() and params.any()
 
 
+REGISTRY = sorted(compression.COMPRESSORS)  # every registered compressor, the paper's and plug-ins alike
+
+
+def registry_params(name: str) -> dict:
+    return PARAMS.get(name, {"c": 0.1} if name == "topk" else {})
+
+
+def with_non_finite(grads: list[np.ndarray], where: str, bad: float) -> list[np.ndarray]:
+    """``grads`` with one entry of the dense kernel, or the whole of it, made ``bad``."""
+    out = [g.copy() for g in grads]
+    if where == "one":
+        out[2][7] = bad
+    else:
+        out[2][:] = bad
+    return out
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["one", "all"])
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "error_feedback"])
+@pytest.mark.parametrize("name", REGISTRY)
+def test_a_non_finite_gradient_is_refused_never_trimmed(name, wrapped, where, bad):
+    """Top-k of an all-NaN tensor was empty: a partial update the server applied as if the
+    gradient were fine. Every compressor refuses such a gradient with NonFiniteGradient,
+    naming the tensor and its count, and changes no state (residual, momentum, random draws,
+    warm start): its next message is the one it would have sent had it never seen it."""
+    layout = small_layout()
+    if wrapped and compression.COMPRESSORS[name].has_own_memory:
+        pytest.skip("keeps its own residual")
+
+    def make():
+        inner = compression.build(name, registry_params(name), layout, seed=4)
+        return ErrorFeedback(inner) if wrapped else inner
+
+    seen, fresh = make(), make()
+    first, after = random_grads(layout, 1), random_grads(layout, 2)
+    for compressor in (seen, fresh):
+        compressor.compress(first)
+    with pytest.raises(compression.NonFiniteGradient) as info:
+        seen.compress(with_non_finite(random_grads(layout, 3), where, bad))
+    assert info.value.tensors == {"dense/kernel": 1 if where == "one" else 240}
+    assert "dense/kernel" in str(info.value)
+    assert encode(seen.compress(after), layout) == encode(fresh.compress(after), layout)
+
+
 # ---------------------------------------------------------------------------------------
 # Unbiased on average: qsgd, terngrad, randomk(scale=true)
 
