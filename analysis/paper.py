@@ -302,20 +302,47 @@ def run_failure(run_dir: Path) -> str | None:
     return f"{summary.get('status')}: {error.splitlines()[0] if error else 'no error recorded'}"
 
 
-def methods_section(methods: dict) -> tuple[list[str], list[str]]:
-    """The methods table (a failed run's row says why instead of numbers) and the failures."""
+def authors_bytes_per_update(rows: list[dict], directory: Path, layout, grads) -> dict[str, int | None]:
+    """Per method, the bytes of one push in the authors' own format (their pickled messages, see
+    analysis.byte_bases) for the same update: dense and top-k methods only."""
+    from .byte_bases import AUTHORS_FRAME, authors_dense_message, authors_sparse_message
+    from compression.topk import keep_count, top_magnitude
+
+    names = [t.name for t in layout.tensors]
+    out: dict[str, int | None] = {}
+    for row in rows:
+        plan_file = directory / row["run_id"] / "plan.json"
+        method = json.loads(plan_file.read_text()).get("method", {}) if plan_file.exists() else {}
+        size = None
+        if method.get("compressor") == "dense":
+            size = AUTHORS_FRAME + len(authors_dense_message(names, grads, 50_000))
+        elif method.get("compressor") == "topk" and not method.get("error_feedback"):
+            c = float(method.get("params", {}).get("c", 0.01))
+            kept = [top_magnitude(g, keep_count(g.size, c)) for g in grads]
+            size = AUTHORS_FRAME + len(authors_sparse_message(names, kept, [g[i] for g, i in zip(grads, kept)], 50_000))
+        out[row["method"]] = size
+    return out
+
+
+def methods_section(methods: dict, authors: dict[str, int | None] | None = None) -> tuple[list[str], list[str]]:
+    """The methods table (a failed run's row says why instead of numbers) and the failures.
+
+    ``authors``: bytes per update in the authors' format per method, for the ratio on their basis."""
     rows = methods["table"]["methods"]
     ratios = matched_ratios(rows)
     reference = dense_reference(rows)
+    authors = authors or {}
+    reference_authors = authors.get(reference["method"]) if reference else None
     lines = ["| method | final accuracy | updates | ingress payload (B) | ingress on the wire (B) | bytes / update | "
-             "ratio to ASGD (total) | ratio to ASGD at matched accuracy |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "ratio to ASGD (total) | ratio to ASGD at matched accuracy | bytes / update, authors' format | "
+             "ratio to ASGD, authors' format (total) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     directory = Path(methods["directory"])
     failures = []
     for row in rows:
         failure = run_failure(directory / row["run_id"])
         if failure:
             failures.append(f"methods: {row['method']} ({row['run_id']}): {failure}")
-            lines.append(f"| {row['method']} | **FAILED**: {failure} | | | | | | |".replace("\n", " "))
+            lines.append(f"| {row['method']} | **FAILED**: {failure} | | | | | | | | |".replace("\n", " "))
             continue
         summary_path = directory / row["run_id"] / "summary.json"
         wire = json.loads(summary_path.read_text()).get("ingress_wire_bytes") if summary_path.exists() else None
@@ -325,8 +352,16 @@ def methods_section(methods: dict) -> tuple[list[str], list[str]]:
         name = row["method"] + (" (diverged)" if row.get("diverged") else "") + (" (reference)" if row is reference else "")
         lines.append(f"| {name} | {_fmt(row.get('final_accuracy'))} | {row.get('updates')} | {_fmt_bytes(row.get('ingress_payload_bytes'))} | "
                      f"{_fmt_bytes(wire)} | {_fmt_bytes(row.get('bytes_per_update'))} | "
-                     f"{_fmt(r.get('total_ratio'), '.1f')}{'x' if r.get('total_ratio') else ''} | {matched} |")
+                     f"{_fmt(r.get('total_ratio'), '.1f')}{'x' if r.get('total_ratio') else ''} | {matched} | "
+                     f"{_fmt_bytes(authors.get(row['method']))} | {_authors_ratio(row, reference, authors.get(row['method']), reference_authors)} |")
     return lines, failures
+
+
+def _authors_ratio(row: dict, reference: dict | None, mine: int | None, theirs: int | None) -> str:
+    """Total bytes of the reference run over this run's, both counted in the authors' format."""
+    if not (reference and mine and theirs and row.get("updates") and reference.get("updates")):
+        return "-"
+    return f"{theirs * reference['updates'] / (mine * row['updates']):.1f}x"
 
 
 def sweep_failures(collection, name: str) -> dict[int, list[str]]:
@@ -396,9 +431,27 @@ def write_results(out: Path, meta: dict, sections: list[Section]) -> Path:
 
 
 def methods_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+    from .byte_bases import real_gradient
+
     methods = run_methods(profile, out, backend, dataset, say)
-    body, failures = methods_section(methods)
+    layout, grads = real_gradient(dataset)
+    authors = authors_bytes_per_update(methods["table"]["methods"], Path(methods["directory"]), layout, grads)
+    body, failures = methods_section(methods, authors)
+    body += ["", "The authors' format is their released code's message, a Python 2 pickle, for one push of the same "
+             "method on a real batch-10 gradient (section below); its totals count each run's applied updates at that size."]
     return Section("Accuracy and bytes per method", body, method_figures(methods, out), methods["command"], failures)
+
+
+def bytes_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+    """One push measured on both bases across c: no run, one real gradient of the paper's CNN."""
+    from .byte_bases import markdown, measure, real_gradient
+
+    layout, grads = real_gradient(dataset)
+    body = [f"One batch-10 gradient of the paper's CNN on {dataset} at its initial weights, pushed dense and as "
+            "top-k at each c, measured on the compact wire this emulator sends (the real codec and frame) and in the "
+            "authors' own format (their 5-byte frame and Python 2 cPickle protocol 2 message, rebuilt byte for "
+            "byte by analysis/byte_bases.py).", "", *markdown(measure(layout, grads))]
+    return Section("Bytes per update on both bases", body, [], f"python -m analysis.byte_bases --dataset {dataset}")
 
 
 def ingress_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
@@ -429,6 +482,7 @@ def _device_sweep(name: str, title: str, scenario: str, key: str, values, overri
 
 
 EXPERIMENTS = {
+    "bytes": bytes_experiment,
     "methods": methods_experiment,
     "ingress": ingress_experiment,
     "heterogeneity": _device_sweep("heterogeneity", "Device CPU heterogeneity", "heterogeneity.yaml", "workers[0].cpus",
