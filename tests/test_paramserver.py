@@ -542,3 +542,81 @@ def test_a_run_of_non_finite_gradients_ends_training_as_diverged(monkeypatch):
     assert server.done
     done = [f for f in tel.stream("events") if f["kind"] == "training_done"]
     assert len(done) == 1 and done[0]["reason"].startswith("diverged")
+
+
+# -- non-finite gradients: the worker reports them, the server counts them toward divergence --
+
+
+def nan_gradient() -> list[np.ndarray]:
+    return [np.full(6, np.nan, np.float32), np.zeros(4, np.float32)]
+
+
+def test_the_worker_reports_a_non_finite_gradient_in_a_few_bytes():
+    from emulator.runtime.worker import REPORT_BYTES, push_body
+
+    compressor = compression.build("topk", {"c": 0.5}, LAYOUT)
+    body, flags = push_body(compressor, nan_gradient(), LAYOUT, WireFormat())
+    assert flags == Flag.NON_FINITE
+    assert b"k 6" in body and len(body) <= REPORT_BYTES
+    finite = [np.arange(6, dtype=np.float32) - 2.5, np.ones(4, np.float32)]
+    body, flags = push_body(compressor, finite, LAYOUT, WireFormat())
+    assert flags == Flag.NONE
+    assert body == compression.encode(compression.build("topk", {"c": 0.5}, LAYOUT).compress(finite), LAYOUT)
+
+
+def test_a_reported_non_finite_gradient_is_refused_and_counted_toward_divergence(harness, monkeypatch):
+    from emulator.runtime import paramserver
+    from emulator.runtime.worker import push_body
+
+    monkeypatch.setattr(paramserver, "DIVERGED_AFTER", 3)
+    h = harness()
+    h.start()
+    w = h.client(worker=0)
+    w.pull()
+    _, p0 = w.model()
+    compressor = compression.build("topk", {"c": 0.5}, LAYOUT)
+
+    def report():
+        body, flags = push_body(compressor, nan_gradient(), LAYOUT, WireFormat())
+        w.channel.send(MsgType.PUSH, body, t0=h.server.version, flags=flags)
+        return w.rejected()
+
+    assert [report(), report()] == ["non_finite_gradient"] * 2
+    np.testing.assert_array_equal(h.server.params, p0)
+    assert h.server.version == 0 and not h.server.done
+    w.push(update(), t0=0)  # an applied update: the run of non-finite gradients starts again
+    w.model()
+    assert [report(), report()] == ["non_finite_gradient"] * 2
+    assert not h.server.done
+    assert report() == "non_finite_gradient"
+    assert h.server.done
+    assert h.server.rejections["non_finite_gradient"] == 5
+    rows = [r for r in h.tel.stream("rejections") if r["reason"] == "non_finite_gradient"]
+    assert len(rows) == 5 and all("k 6" in r["detail"] for r in rows)
+    done = [f for f in h.tel.stream("events") if f["kind"] == "training_done"]
+    assert len(done) == 1 and done[0]["reason"].startswith("diverged")
+    # After the end a report is late, like any push: refused, not counted again.
+    w.channel.send(MsgType.PUSH, b"k 6", t0=1, flags=Flag.NON_FINITE)
+    header, _ = w.model()
+    assert header.flags & Flag.DONE
+    assert h.server.rejections["non_finite_gradient"] == 5 and h.server.rejections["late"] == 1
+
+
+def test_every_refusal_for_nan_or_inf_counts_toward_divergence_and_in_the_summary(monkeypatch):
+    """The summary counts as non-finite exactly the reasons the server counts toward divergence."""
+    from emulator.runtime import paramserver
+    from emulator.summary import NON_FINITE_REASONS
+
+    monkeypatch.setattr(paramserver, "DIVERGED_AFTER", 3)
+    tel = RecordingTelemetry()
+    server = ParameterServer({"token": TOKEN.hex(), "layout": LAYOUT.to_json(), "seed": 3, "rule": "plain",
+                              "learning_rate": ALPHA, "max_updates": None, "bind": ["127.0.0.1", 0]}, tel)
+    huge = compression.encode([DensePart(np.full(6, 3e38, np.float32)), DensePart(np.zeros(4, np.float32))], LAYOUT)
+    nan = compression.encode([DensePart(np.full(6, np.nan, np.float32)), DensePart(np.zeros(4, np.float32))], LAYOUT)
+    assert [server.push(0, t0, memoryview(huge), len(huge)) for t0 in (0, 1)] == [None, None]  # -3e38: still finite
+    reasons = [server.push(0, 2, memoryview(nan), len(nan)),
+               server.push(0, 2, memoryview(b"k 6"), 41, Flag.NON_FINITE),
+               server.push(0, 2, memoryview(huge), len(huge))]
+    assert reasons == ["non_finite", "non_finite_gradient", "overflow"]
+    assert server.done and server.version == 2  # three in a row: diverged
+    assert set(reasons) == NON_FINITE_REASONS

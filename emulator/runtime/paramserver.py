@@ -2,7 +2,9 @@
 
 One thread per connection; one lock around the model so an update and a snapshot never
 interleave. Every applied update is a trace row (worker, t0, staleness, bytes, entries);
-every refused frame is counted by reason and never touches the model. Training ends at
+every refused frame is counted by reason and never touches the model. A worker whose gradient
+held NaN or Inf says so (a PUSH flagged ``NON_FINITE``); that report, non-finite values on the
+wire and updates that would overflow the model all count toward divergence (``DIVERGED_AFTER``). Training ends at
 ``max_updates`` or on the controller's ``stop``: from then on every reply carries DONE.
 
 Run as ``python -m emulator.runtime.paramserver`` with the config in ``$EMU_CONFIG``.
@@ -30,6 +32,7 @@ from .transport import Channel, TransportShaper, tune
 
 MAX_WAIT_MS = 600_000
 DIVERGED_AFTER = 50  # non-finite (or overflowing) gradients in a row, no update applied between: training has diverged
+NON_FINITE_GRADIENT = "non_finite_gradient"  # rejection reason of a worker's report
 
 
 class ParameterServer:
@@ -112,8 +115,10 @@ class ParameterServer:
 
     # -- request handling -----------------------------------------------------------------
 
-    def push(self, worker: int, t0: int, body: memoryview, frame_bytes: int) -> str | None:
+    def push(self, worker: int, t0: int, body: memoryview, frame_bytes: int, flags: int = 0) -> str | None:
         """Decode and apply one update; returns a rejection reason or None."""
+        if flags & Flag.NON_FINITE:
+            return self.non_finite_report(worker, body, frame_bytes)
         start = time.perf_counter()
         try:
             parts = compression.decode(body, self.layout)
@@ -159,6 +164,19 @@ class ParameterServer:
             decode_us=int((decoded - start) * 1e6), apply_us=int((done - decoded) * 1e6),
         )
         return None
+
+    def non_finite_report(self, worker: int, body: memoryview, frame_bytes: int) -> str | None:
+        """A worker's gradient held NaN or Inf (``body`` says where): refused, counted toward divergence."""
+        with self.cond:
+            traffic = self._traffic[worker]
+            traffic[0] += frame_bytes
+            traffic[1] += 1
+            if self.done:
+                self.reject("late", worker, "report arrived after training ended")
+                return None
+            self.reject(NON_FINITE_GRADIENT, worker, bytes(body[:200]).decode("utf-8", "replace"))
+            self._diverging()
+        return NON_FINITE_GRADIENT
 
     def _diverging(self) -> None:
         """One more update refused for being (or making the model) non-finite."""
@@ -234,7 +252,7 @@ class ParameterServer:
                     if worker == protocol.NO_WORKER:
                         raise ProtocolError("push_from_non_worker")
                     awaiting_push = False
-                    reason = self.push(worker, header.t0, body, protocol.HEADER.size + header.length)
+                    reason = self.push(worker, header.t0, body, protocol.HEADER.size + header.length, header.flags)
                     if reason:
                         channel.send(MsgType.REJECT, protocol.json_body({"reason": reason}))
                         continue

@@ -41,6 +41,7 @@ class MsgType(enum.IntEnum):
 class Flag(enum.IntFlag):
     NONE = 0
     DONE = 0x1  # server: training is over; the device should finish and exit
+    NON_FINITE = 0x2  # worker, on a PUSH: its gradient held NaN or Inf; the body names the tensors (UTF-8)
 
 
 class ProtocolError(Exception):

@@ -1,6 +1,8 @@
 """A worker device: pull the model, compute a gradient on its own shard, compress it, push it.
 
-The push is answered with the new model, so a step costs one round trip. Per-second step
+The push is answered with the new model, so a step costs one round trip. A gradient with NaN
+or Inf is not compressed (a selection would silently trim it): the push is a short report
+flagged ``NON_FINITE`` instead, which the server refuses and counts toward divergence. Per-second step
 statistics (compute, compression, waiting on the network) go to the controller as traces.
 
 Run as ``python -m emulator.runtime.worker`` with the config in ``$EMU_CONFIG``.
@@ -24,6 +26,19 @@ from .protocol import Flag, MsgType
 from .transport import Channel, TransportShaper, open_session
 
 
+REPORT_BYTES = 200  # at most this much of a non-finite report's text travels
+
+
+def push_body(compressor, grads: list[np.ndarray], layout: Layout, wire) -> tuple[bytes, int]:
+    """The PUSH frame's body and flags for one gradient: its codec message, or for a gradient
+    with NaN or Inf the names of the tensors that hold them, flagged ``NON_FINITE``."""
+    try:
+        parts = compressor.compress(grads)
+    except compression.NonFiniteGradient as exc:
+        return str(exc).encode()[:REPORT_BYTES], Flag.NON_FINITE
+    return compression.encode(parts, layout, wire), Flag.NONE
+
+
 def build_compressor(method: dict, layout: Layout, seed: int):
     wire = compression.WireFormat(**method.get("wire", {}))
     compressor = compression.build(method["compressor"], method.get("params", {}), layout, seed)
@@ -44,11 +59,12 @@ class StepStats:
         self.compute_cpu_s = self.compress_cpu_s = 0.0
         self.bytes = 0
         self.rejected = 0
+        self.non_finite = 0  # steps whose gradient held NaN or Inf (reported, not pushed)
 
     def as_record(self) -> dict:
         n = max(1, self.steps)
         return {
-            "steps": self.steps, "rejected": self.rejected, "push_bytes": self.bytes,
+            "steps": self.steps, "rejected": self.rejected, "non_finite": self.non_finite, "push_bytes": self.bytes,
             "compute_ms": round(1000 * self.compute_s / n, 3), "compress_ms": round(1000 * self.compress_s / n, 3),
             "network_ms": round(1000 * self.network_s / n, 3), "loss": round(self.loss / n, 5),
             # CPU time of the process: under a CPU quota the wall times above also hold the waits
@@ -123,10 +139,10 @@ def run(cfg: dict, tel) -> int:
             xb, yb = sampler.next()
             loss, grad = model.gradient(params, xb, yb)
             t_grad, c_grad = time.perf_counter(), time.process_time()
-            parts = compressor.compress(np.split(grad, splits))
-            message = compression.encode(parts, layout, wire)
+            message, flags = push_body(compressor, np.split(grad, splits), layout, wire)
             t_comp, c_comp = time.perf_counter(), time.process_time()
-            stats.bytes += channel.send(MsgType.PUSH, message, t0=version)
+            stats.bytes += channel.send(MsgType.PUSH, message, t0=version, flags=flags)
+            stats.non_finite += bool(flags & Flag.NON_FINITE)
             header, body = channel.recv(keep_buffer=True)
         except (OSError, protocol.PeerClosed) as exc:
             # The server went away (crash, restart): reconnect with backoff, take the model again.
