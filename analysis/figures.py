@@ -29,8 +29,27 @@ FAULT_COLORS = {
     "partition": "#9467bd", "heal": "#17becf", "cpus": "#8c564b", "link": "#7f7f7f",
 }
 REPETITION_STYLES = ("-", "--", ":", "-.")  # several runs under one label (repetitions): one colour, these styles
-BYTES = EngFormatter(unit="B", places=0, sep=" ")
-BYTE_RATE = EngFormatter(unit="B/s", places=0, sep=" ")
+class DistinctEng(EngFormatter):
+    """SI-prefixed tick labels with as few decimals as keep neighbouring ticks apart: 8.6 MB and
+    9.0 MB, never "9 MB, 9 MB" for ticks that differ."""
+
+    MAX_PLACES = 4
+
+    def format_ticks(self, values):
+        chosen = self.places
+        try:
+            for places in range(chosen or 0, self.MAX_PLACES + 1):
+                self.places = places
+                labels = [self(v, i) for i, v in enumerate(values)]
+                if len(set(labels)) == len(labels):
+                    break
+        finally:
+            self.places = chosen  # shared formatter: other labels keep their own precision
+        return labels
+
+
+BYTES = DistinctEng(unit="B", places=0, sep=" ")
+BYTE_RATE = DistinctEng(unit="B/s", places=0, sep=" ")
 # On a log axis under two decades wide, label the minor ticks 2, 3 and 5 x 10^k only (the others crowd).
 _MINOR_BYTES = FuncFormatter(lambda v, pos: BYTES(v, pos) if v > 0 and f"{v:.0e}"[0] in "235" else "")
 
@@ -366,8 +385,9 @@ def sweep_metric(aggregate: pd.DataFrame, x_key: str, metric: str, series_keys: 
         xs = np.array([position[v] for v in rows[x_key]], dtype=float) + offset
         order = np.argsort(xs)
         yerr = rows[ci].fillna(0).to_numpy() if ci in rows else None
+        # Categories (CPU distributions, method names) are points: a line between them would claim an order.
         ax.errorbar(xs[order], rows[mean].to_numpy()[order], yerr=None if yerr is None else yerr[order], marker="o",
-                    capsize=4, linewidth=1.5, color=f"C{i % 10}", label=text)
+                    capsize=4, linewidth=1.5, linestyle="-" if numeric else "none", color=f"C{i % 10}", label=text)
     if not numeric:
         ax.set_xticks(range(len(x_values)), [str(v) for v in x_values], fontsize="small")
     ax.set_xlabel(x_key)

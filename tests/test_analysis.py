@@ -414,3 +414,21 @@ def test_the_sweep_notebook_runs_headless_and_draws_its_figures(tmp_path, monkey
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert len(images) == 3 + 3  # three sweep metrics against the crash rate; accuracy x2 and staleness over runs
     assert "8 runs" in "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+
+
+def test_byte_tick_labels_keep_close_ticks_apart():
+    from analysis.figures import BYTES
+
+    assert BYTES.format_ticks([8.4e6, 8.6e6, 8.8e6, 9.0e6]) == ["8.4 MB", "8.6 MB", "8.8 MB", "9.0 MB"]
+    assert BYTES.format_ticks([1e6, 2e6, 3e6]) == ["1 MB", "2 MB", "3 MB"]
+    assert BYTES(8.6e6) == "9 MB"  # a lone label keeps the formatter's own precision
+
+
+def test_a_categorical_sweep_axis_has_points_not_lines():
+    from analysis.figures import sweep_metric
+
+    agg = pd.DataFrame({"workers[0].cpus": ["0.15", "{uniform: [0.05, 0.25]}"], "n": [3, 3],
+                        "final_accuracy_mean": [0.7, 0.6], "final_accuracy_ci95": [0.02, 0.05]})
+    fig = sweep_metric(agg, "workers[0].cpus", "final_accuracy")
+    means = [line for line in fig.axes[0].get_lines() if line.get_marker() == "o"]
+    assert means and all(line.get_linestyle() == "None" for line in means)
