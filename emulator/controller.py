@@ -144,7 +144,6 @@ class Emulation:
         self.status = "created"
         self._fired_triggers: set[int] = set()
         self._pending: list[EventPlan] = []
-        self._lost_updates = 0
         self._quotas_on = False  # CPU quotas are applied after the link probes, before training
         self.net_last: dict[str, dict] = {}  # latest interface counters per device
         self.net_marks: dict[str, dict[str, dict]] = {}  # counters at training start and end
@@ -524,56 +523,23 @@ class Emulation:
             raise error
         return summary
 
-    def _wire_bytes(self) -> dict:
-        """Bytes on the server's interface during training (all of it: headers, ACKs, retransmissions)."""
-        ingress = _counter_delta(self.net_marks, "server", "rx_bytes")
-        out = {"ingress_wire_bytes": ingress, "egress_wire_bytes": _counter_delta(self.net_marks, "server", "tx_bytes")}
-        if ingress and self.payload_at_end:
-            out["wire_overhead_ratio"] = round(ingress / self.payload_at_end, 4)
-        return out
-
     def summary(self, error: Exception | None = None) -> dict:
-        s = self.state
-        final = s.final_accuracy or s.accuracy or {}
-        duration = self.training_end if self.training_end is not None else self.training_time()
-        faults: dict[str, int] = {}
         from .rundir import read_jsonl
+        from .summary import RunFacts, summarize
 
-        for record in read_jsonl(self.rundir.path / "events.jsonl"):
-            if record.get("kind") == "fault":
-                faults[record["action"]] = faults.get(record["action"], 0) + 1
-            if record.get("kind") == "disconnected" and record.get("pending"):
-                self._lost_updates += 1
-        return {
-            "run_id": self.rundir.run_id, "name": self.plan.name, "status": self.status,
-            "error": None if error is None else f"{type(error).__name__}: {error}",
-            "backend": self.backend.name, "method": self.plan.method.name, "rule": self.plan.method.rule,
-            "compressor": self.plan.method.compressor, "workers": len(self.plan.workers), "seed": self.plan.seed,
-            "final_accuracy": final.get("accuracy"), "final_loss": final.get("loss"), "final_version": final.get("version"),
-            "final_is_end_of_training": bool(s.final_accuracy),
-            "updates_applied": s.updates,
-            "ingress_payload_bytes": s.ingress_bytes if self.payload_at_end is None else self.payload_at_end,
-            "late_payload_bytes": 0 if self.payload_at_end is None else s.ingress_bytes - self.payload_at_end,
-            "applied_update_bytes": s.applied_bytes,
-            "rejected_frames": s.rejections, "late_updates": s.late_updates, "duration_s": round(duration, 3),
-            "boot_s": None if self.training_start is None else round(self.training_start, 3),
-            "training_started_ts": self.training_start,
-            "updates_per_s": round(s.updates / duration, 3) if duration else None,
-            "faults": faults, "lost_updates": self._lost_updates, "updates_lost_to_server_crashes": s.lost_to_server,
-            "done_reason": s.done_reason,
-            "diverged": s.done_reason.startswith("diverged"),
-            "parameters": getattr(getattr(self, "layout", None), "total", None),
-            "dataset": getattr(getattr(self, "shards", None), "source", None),
-            "plan_digest": self.plan.digest(),
-            **self._wire_bytes(),
-        }
-
-
-def _counter_delta(marks: dict, device: str, key: str) -> int | None:
-    try:
-        return int(marks["end"][device][key]) - int(marks["start"][device][key])
-    except KeyError:
-        return None
+        layout, shards = getattr(self, "layout", None), getattr(self, "shards", None)
+        facts = RunFacts(
+            run_id=self.rundir.run_id, name=self.plan.name, status=self.status, backend=self.backend.name,
+            method=self.plan.method.name, rule=self.plan.method.rule, compressor=self.plan.method.compressor,
+            workers=len(self.plan.workers), seed=self.plan.seed, plan_digest=self.plan.digest(),
+            duration_s=self.training_end if self.training_end is not None else self.training_time(),
+            error=None if error is None else f"{type(error).__name__}: {error}",
+            classes=getattr(shards, "classes", None), parameters=getattr(layout, "total", None),
+            dataset=getattr(shards, "source", None), training_started_ts=self.training_start,
+            payload_at_end=self.payload_at_end, net_marks=self.net_marks,
+        )
+        return summarize(self.state, read_jsonl(self.rundir.path / "events.jsonl"),
+                         read_jsonl(self.rundir.path / "rejections.jsonl"), facts)
 
 
 _CONTROLLER_PID = os.getpid()

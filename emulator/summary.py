@@ -1,0 +1,161 @@
+"""``summary.json``: what one run did, from its traces and the facts of its plan, in one pure function.
+
+The controller counts as traces arrive (its ``LiveState``: applied updates and their bytes,
+the server's ingress, rejections, the last evaluations); at the end it hands those counters,
+the events and rejections the run recorded, and what only it knows (status, clocks, the
+server's interface counters) to :func:`summarize`. No I/O, no clock, nothing beyond the
+standard library: tests feed it recorded traces (``tests/data/traces/``).
+
+``outcome`` is the one flag that tables read (compare, sweep):
+
+- ``diverged``: the server stopped training on non-finite updates (``DIVERGED_AFTER`` in a
+  row), or the last evaluation's loss or accuracy is not finite, or the model ended at chance
+  (below) after updates were refused for NaN or Inf. ``diverged`` is true exactly then.
+- ``dead``: the model ended at chance with no NaN seen: after :data:`WARMUP_UPDATES`, the last
+  evaluation's accuracy is below :data:`CHANCE_FACTOR` / classes and its loss is not below
+  ``ln(classes)`` by more than :data:`LOSS_MARGIN` (a model that predicts one distribution
+  whatever the input has a loss of at least the labels' entropy, about ``ln(classes)``).
+- ``ok``: neither; it says nothing about how well the model trained.
+- ``unknown``: nothing to judge by (no evaluation, or none after the warm-up).
+
+``non_finite_updates`` counts the updates refused for NaN or Inf whatever the outcome: a
+worker's report of a non-finite gradient, non-finite values on the wire, or an update that
+would have made the model overflow (the reasons the server counts toward divergence).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+WARMUP_UPDATES = 100  # the model is judged at chance only from an evaluation at this version or later
+CHANCE_FACTOR = 1.5  # accuracy below 1.5 / classes: no better than guessing
+LOSS_MARGIN = 0.01  # loss above (1 - 1 %) ln(classes): no better than a uniform guess
+NON_FINITE_REASONS = frozenset({"non_finite_gradient", "non_finite", "overflow"})  # paramserver._diverging's
+FLAGGED = ("diverged", "dead")  # the outcomes a table marks
+
+
+class Counters(Protocol):
+    """What the controller counted from the traces as they arrived (``controller.LiveState``)."""
+
+    updates: int
+    applied_bytes: int
+    ingress_bytes: int
+    rejections: int
+    late_updates: int
+    lost_to_server: int
+    done_reason: str
+    accuracy: dict | None
+    final_accuracy: dict | None
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What only the controller knows: the plan, the run's status and clocks, interface counters."""
+
+    run_id: str
+    name: str
+    status: str
+    backend: str
+    method: str
+    rule: str
+    compressor: str
+    workers: int
+    seed: int
+    plan_digest: str
+    duration_s: float  # seconds of training
+    error: str | None = None
+    classes: int | None = None
+    parameters: int | None = None
+    dataset: str | None = None
+    training_started_ts: float | None = None  # trace clock; also the boot time
+    payload_at_end: int | None = None  # the server's payload count when training ended
+    net_marks: dict = field(default_factory=dict)  # "start"/"end" -> device -> interface counters
+
+
+def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[dict], facts: RunFacts) -> dict:
+    """The ``summary.json`` of a run."""
+    s = counters
+    final = s.final_accuracy or s.accuracy or {}
+    faults: Counter = Counter()
+    lost_updates = 0
+    for record in events:
+        if record.get("kind") == "fault":
+            faults[record["action"]] += 1
+        elif record.get("kind") == "disconnected" and record.get("pending"):
+            lost_updates += 1
+    non_finite = sum(1 for r in rejections if r.get("reason") in NON_FINITE_REASONS)
+    outcome, detail = judge(final, facts.classes, non_finite, s.done_reason)
+    duration = facts.duration_s
+    return {
+        "run_id": facts.run_id, "name": facts.name, "status": facts.status, "error": facts.error,
+        "backend": facts.backend, "method": facts.method, "rule": facts.rule,
+        "compressor": facts.compressor, "workers": facts.workers, "seed": facts.seed,
+        "final_accuracy": final.get("accuracy"), "final_loss": final.get("loss"), "final_version": final.get("version"),
+        "final_is_end_of_training": bool(s.final_accuracy),
+        "updates_applied": s.updates,
+        "ingress_payload_bytes": s.ingress_bytes if facts.payload_at_end is None else facts.payload_at_end,
+        "late_payload_bytes": 0 if facts.payload_at_end is None else s.ingress_bytes - facts.payload_at_end,
+        "applied_update_bytes": s.applied_bytes,
+        "rejected_frames": s.rejections, "late_updates": s.late_updates, "duration_s": round(duration, 3),
+        "boot_s": None if facts.training_started_ts is None else round(facts.training_started_ts, 3),
+        "training_started_ts": facts.training_started_ts,
+        "updates_per_s": round(s.updates / duration, 3) if duration else None,
+        "faults": dict(faults), "lost_updates": lost_updates, "updates_lost_to_server_crashes": s.lost_to_server,
+        "done_reason": s.done_reason,
+        "non_finite_updates": non_finite,
+        "outcome": outcome, "outcome_detail": detail,
+        "diverged": outcome == "diverged",
+        "parameters": facts.parameters, "dataset": facts.dataset, "plan_digest": facts.plan_digest,
+        **wire_bytes(facts.net_marks, facts.payload_at_end),
+    }
+
+
+def judge(final: dict, classes: int | None, non_finite: int, done_reason: str) -> tuple[str, str]:
+    """``(outcome, why)`` from the last evaluation, the classes, the non-finite count and why training ended."""
+    if done_reason.startswith("diverged"):
+        return "diverged", f"the server stopped training: {done_reason}"
+    accuracy, loss, version = final.get("accuracy"), final.get("loss"), final.get("version")
+    if accuracy is None or loss is None:
+        return "unknown", "no evaluation"
+    if not (math.isfinite(accuracy) and math.isfinite(loss)):
+        return "diverged", f"the last evaluation (update {version}) is not finite: accuracy {accuracy}, loss {loss}"
+    if not classes or (version or 0) < WARMUP_UPDATES:
+        return "unknown", f"the last evaluation is before update {WARMUP_UPDATES}" if classes else "classes unknown"
+    chance = math.log(classes)
+    if accuracy < CHANCE_FACTOR / classes and loss > (1 - LOSS_MARGIN) * chance:
+        at_chance = (f"at chance at update {version}: accuracy {accuracy:.4f} (chance {1 / classes:.4f}), "
+                     f"loss {loss:.4f} (ln {classes} = {chance:.4f})")
+        if non_finite:
+            return "diverged", f"{at_chance}, after {non_finite} updates refused for NaN or Inf"
+        return "dead", at_chance
+    return "ok", ""
+
+
+def wire_bytes(marks: dict, payload_at_end: int | None) -> dict:
+    """Bytes on the server's interface during training (all of it: headers, ACKs, retransmissions)."""
+    ingress = _counter_delta(marks, "server", "rx_bytes")
+    out = {"ingress_wire_bytes": ingress, "egress_wire_bytes": _counter_delta(marks, "server", "tx_bytes")}
+    if ingress and payload_at_end:
+        out["wire_overhead_ratio"] = round(ingress / payload_at_end, 4)
+    return out
+
+
+def _counter_delta(marks: dict, device: str, key: str) -> int | None:
+    try:
+        return int(marks["end"][device][key]) - int(marks["start"][device][key])
+    except KeyError:
+        return None
+
+
+def flag(summary: dict) -> str:
+    """The outcome as a table marks it: ``" (diverged)"``, ``" (dead)"`` or ``""``."""
+    outcome = summary.get("outcome") or ("diverged" if summary.get("diverged") else None)
+    return f" ({outcome})" if outcome in FLAGGED else ""
+
+
+__all__ = ["CHANCE_FACTOR", "FLAGGED", "LOSS_MARGIN", "NON_FINITE_REASONS", "WARMUP_UPDATES", "Counters", "RunFacts",
+           "flag", "judge", "summarize", "wire_bytes"]
