@@ -310,6 +310,7 @@ def summary_row(run: Run) -> dict:
     return {
         "run_id": run.run_id,
         "status": s.get("status", "incomplete"),
+        "outcome": s.get("outcome") or ("diverged" if s.get("diverged") else None),  # emulator.summary
         "method": run.method,
         "workers": s.get("workers", len(plan.get("workers", [])) or None),
         "final_accuracy": _number(s.get("final_accuracy", None if last is None else float(last["accuracy"]))),

@@ -100,7 +100,8 @@ def value_label(value) -> object:
 
 def aggregate(table: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str] = METRICS,
               confidence: float = CONFIDENCE) -> pd.DataFrame:
-    """One row per grid point: its key values, ``runs``, ``n`` (completed runs), and per metric
+    """One row per grid point: its key values, ``runs``, ``n`` (completed runs), ``flagged`` (how
+    many of those diverged or ended dead, :func:`flagged`), and per metric
     ``<metric>_mean``, ``<metric>_ci95`` (half-width) and ``<metric>_low``/``_high``.
 
     ``table`` has one row per run (:meth:`analysis.runs.Collection.table`): the grid keys, a
@@ -119,11 +120,20 @@ def aggregate(table: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str] =
             row["point"] = int(group["point"].iloc[0])  # so a report can attach per-point notes (failures)
         row["runs"] = len(group)
         row["n"] = len(done)
+        row["flagged"] = flagged(done)
         for metric in metrics:
             _, mean, half = mean_ci(done[metric].tolist() if metric in done else [], confidence)
             row.update({f"{metric}_mean": mean, f"{metric}_ci95": half, f"{metric}_low": mean - half, f"{metric}_high": mean + half})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def flagged(runs: pd.DataFrame) -> str:
+    """How many of ``runs`` diverged or ended dead (``emulator.summary``'s outcome): ``"1 diverged, 2 dead"``."""
+    from emulator.summary import FLAGGED
+
+    outcomes = runs["outcome"].tolist() if "outcome" in runs else []
+    return ", ".join(f"{outcomes.count(o)} {o}" for o in FLAGGED if o in outcomes)
 
 
 def plotted_keys(grid: dict[str, list]) -> list[str]:
@@ -154,7 +164,8 @@ def aggregate_rows(agg: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str
     headers = [*keys, "runs (completed)", *(f"{m} (mean ± 95% CI)" for m in metrics)]
     rows = []
     for row in agg.to_dict("records"):  # not iterrows: it would turn whole numbers into floats
-        rows.append([str(row[k]) for k in keys] + [f"{row['runs']} ({row['n']})"]
+        marked = f"; {row['flagged']}" if row.get("flagged") else ""
+        rows.append([str(row[k]) for k in keys] + [f"{row['runs']} ({row['n']}{marked})"]
                     + [_cell(m, row[f"{m}_mean"], row[f"{m}_ci95"]) for m in metrics])
     return headers, rows
 

@@ -49,6 +49,7 @@ import numpy as np
 
 from .rundir import read_jsonl, write_json_atomic
 from .scenario import Problem, ScenarioError, load_scenario
+from .summary import flag
 
 DEFAULT_TARGET_FRACTION = 0.9
 FIGURE = "accuracy_vs_ingress.png"
@@ -181,6 +182,7 @@ def summarize_run(run_dir: Path, label: str) -> dict:
     sizes = [u["bytes"] for u in updates]
     return {
         "method": label, "run_id": run_dir.name, "status": summary.get("status"), "diverged": bool(summary.get("diverged")),
+        "outcome": summary.get("outcome"),
         "compressor": summary.get("compressor"), "rule": summary.get("rule"),
         "final_accuracy": summary.get("final_accuracy"), "updates": summary.get("updates_applied", len(updates)),
         "ingress_payload_bytes": summary.get("ingress_payload_bytes"),
@@ -246,7 +248,7 @@ def write_report(out: Path, rows: list[dict], target_accuracy: float | None = No
     finals = [r["final_accuracy"] for r in rows if r["final_accuracy"] is not None]
     target = target_accuracy if target_accuracy is not None else (DEFAULT_TARGET_FRACTION * max(finals) if finals else None)
     dense_rows = [r for r in rows if r["compressor"] == "dense" and r["bytes_per_update"]]
-    dense = next((r for r in dense_rows if not r.get("diverged")), dense_rows[0] if dense_rows else None)
+    dense = next((r for r in dense_rows if not flag(r)), dense_rows[0] if dense_rows else None)
     for row in rows:
         row["ratio_to_dense"] = (dense["bytes_per_update"] / row["bytes_per_update"]
                                  if dense and row["bytes_per_update"] else None)
@@ -271,7 +273,7 @@ def render_markdown(report: dict) -> str:
         reached = row["time_to_target"]
         cells = [
             f"`{row['method']}`" + ("" if row["status"] == "completed" else f" ({row['status']})")
-            + (" (diverged)" if row.get("diverged") else ""),
+            + flag(row),
             _num(row["final_accuracy"], ".4f"), f"{row['updates']:,}" if row["updates"] is not None else "-",
             f"{row['ingress_payload_bytes']:,}" if row["ingress_payload_bytes"] is not None else "-",
             _num(row["bytes_per_update"], ",.0f"), _num(row["ratio_to_dense"], ".1f", "x"),
