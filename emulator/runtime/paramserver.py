@@ -2,10 +2,11 @@
 
 One thread per connection; one lock around the model so an update and a snapshot never
 interleave. Every applied update is a trace row (worker, t0, staleness, bytes, entries);
-every refused frame is counted by reason and never touches the model. A worker whose gradient
-held NaN or Inf says so (a PUSH flagged ``NON_FINITE``); that report, non-finite values on the
-wire and updates that would overflow the model all count toward divergence (``DIVERGED_AFTER``). Training ends at
-``max_updates`` or on the controller's ``stop``: from then on every reply carries DONE.
+every refused frame is counted by reason and never touches the model. Training ends at
+``max_updates`` or on the controller's ``stop``: from then on every reply carries DONE. A worker
+whose gradient held NaN or Inf says so (a PUSH flagged ``NON_FINITE``); that report, non-finite
+values on the wire and updates that would overflow the model count toward divergence
+(``DIVERGED_AFTER`` in a row end training).
 
 Run as ``python -m emulator.runtime.paramserver`` with the config in ``$EMU_CONFIG``.
 """

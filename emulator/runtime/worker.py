@@ -1,9 +1,10 @@
 """A worker device: pull the model, compute a gradient on its own shard, compress it, push it.
 
-The push is answered with the new model, so a step costs one round trip. A gradient with NaN
-or Inf is not compressed (a selection would silently trim it): the push is a short report
-flagged ``NON_FINITE`` instead, which the server refuses and counts toward divergence. Per-second step
+The push is answered with the new model, so a step costs one round trip. Per-second step
 statistics (compute, compression, waiting on the network) go to the controller as traces.
+A gradient with NaN or Inf is not compressed (a selection would silently trim it): the push
+is a short report flagged ``NON_FINITE`` instead, which the server refuses and counts toward
+divergence.
 
 Run as ``python -m emulator.runtime.worker`` with the config in ``$EMU_CONFIG``.
 """
