@@ -110,7 +110,7 @@ def test_counts_are_those_of_the_raw_streams(name):
     received = sum(r["ingress_bytes"] for r in records["traffic"])
     assert summary["ingress_payload_bytes"] + summary["late_payload_bytes"] == received
     final = [a for a in records["accuracy"] if a.get("final")][-1]
-    assert (summary["final_accuracy"], summary["final_loss"], summary["final_version"]) == (final["accuracy"], final["loss"], final["version"])
+    assert [summary[f"final_{k}"] for k in ("accuracy", "loss", "version")] == [final[k] for k in ("accuracy", "loss", "version")]
     assert summary["diverged"] == (summary["outcome"] == "diverged")
 
 
