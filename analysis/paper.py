@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+from emulator.summary import flag
+
 from . import figures
 from .runs import accuracy_with_ingress, load_collection, load_run, worker_shares
 
@@ -139,7 +141,7 @@ def dense_reference(rows: list[dict]) -> dict | None:
     """The ASGD row the ratios are taken against: the first dense, plain-rule run that did not
     diverge (a diverged run's bytes stop early and would flatter nobody), else the first one."""
     dense = [r for r in rows if r.get("compressor") == "dense" and r.get("rule") == "plain"]
-    return next((r for r in dense if not r.get("diverged")), dense[0] if dense else None)
+    return next((r for r in dense if not flag(r)), dense[0] if dense else None)
 
 
 def matched_ratios(rows: list[dict]) -> dict[str, dict]:
@@ -349,7 +351,7 @@ def methods_section(methods: dict, authors: dict[str, int | None] | None = None)
         r = ratios[row["method"]]
         matched = (f"{r['matched_ratio']:.1f}x at {r['matched_accuracy']:.3f}" if r.get("matched_ratio") else
                    (f"not reached ({r['matched_accuracy']:.3f})" if r.get("matched_accuracy") is not None else "-"))
-        name = row["method"] + (" (diverged)" if row.get("diverged") else "") + (" (reference)" if row is reference else "")
+        name = row["method"] + flag(row) + (" (reference)" if row is reference else "")
         lines.append(f"| {name} | {_fmt(row.get('final_accuracy'))} | {row.get('updates')} | {_fmt_bytes(row.get('ingress_payload_bytes'))} | "
                      f"{_fmt_bytes(wire)} | {_fmt_bytes(row.get('bytes_per_update'))} | "
                      f"{_fmt(r.get('total_ratio'), '.1f')}{'x' if r.get('total_ratio') else ''} | {matched} | "

@@ -108,3 +108,10 @@ def test_the_figures_pipeline_completes_on_mnist_5k_when_the_preferred_datasets_
     assert "Command: `emulate compare scenarios/paper/methods.yaml" in results
     for image in ("accuracy_vs_updates.png", "accuracy_vs_ingress.png", "bytes_per_method.png", "ingress_vs_workers.png"):
         assert (out / image).stat().st_size > 10_000 and f"]({image})" in results
+
+
+def test_a_dead_asgd_run_is_not_the_reference_either():
+    dead = {"method": "asgd", "compressor": "dense", "rule": "plain", "outcome": "dead", "ingress_payload_bytes": 300,
+            "bytes_per_update": 100, "final_accuracy": 0.1, "curve": []}
+    alive = {**dead, "method": "asgd:training.learning_rate=0.05", "outcome": "ok", "final_accuracy": 0.8}
+    assert dense_reference([dead, alive]) is alive
