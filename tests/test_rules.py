@@ -102,6 +102,7 @@ def test_adacomp_overlapping_workers_by_hand():
     np.testing.assert_array_equal(p, [-0.5, -3, -1, 0, -1, 0, -6])
     assert applied.entries == 4
     assert applied.mean_scale == pytest.approx((0.5 + 1 + 1 + 1) / 4)
+    assert applied.mean_sigma == pytest.approx((2 + 0 + 0 + 1) / 4)  # recorded as `sigma`: sigma / d is its staleness share
     # Touch counters: w[0] once, w[1] three times, w[2] once, b[0] once, b[2] twice.
     np.testing.assert_array_equal(rule.touches, [1, 3, 1, 0, 1, 0, 2])
 

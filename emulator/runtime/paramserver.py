@@ -162,6 +162,7 @@ class ParameterServer:
         self.tel.record(
             "updates", t=version, worker=worker, t0=t0, staleness=staleness, bytes=frame_bytes,
             entries=applied.entries, scale=round(applied.mean_scale, 6),
+            **({} if applied.mean_sigma is None else {"sigma": round(applied.mean_sigma, 4)}),
             decode_us=int((decoded - start) * 1e6), apply_us=int((done - decoded) * 1e6),
         )
         return None

@@ -39,6 +39,7 @@ class RuleError(ValueError):
 class Applied:
     entries: int  # coordinates updated
     mean_scale: float  # mean of the per-coordinate learning-rate divisor's inverse (1 = full step)
+    mean_sigma: float | None = None  # AdaComp: mean over the pushed coordinates of the updates that touched them since the pull
 
 
 class UpdateRule(ABC):
@@ -133,14 +134,15 @@ class AdaComp(UpdateRule):
         snapshot = self.at_pull.get(worker)
         if snapshot is None:
             raise RuleError("no_pull", f"worker {worker} pushed without having pulled the model")
-        steps, entries, inverse_sum = [], 0, 0.0
+        steps, entries, inverse_sum, sigma_sum = [], 0, 0.0, 0
         for target, values in self._coordinates(parts):
             sigma = self.touches[target] - snapshot[target]
             divisor = np.maximum(sigma, 1).astype(np.float32)
             steps.append((target, self.learning_rate * values / divisor))
             entries += values.size
             inverse_sum += float(np.sum(1.0 / divisor))
-        return steps, Applied(entries, inverse_sum / max(1, entries))
+            sigma_sum += int(np.sum(sigma, dtype=np.int64))
+        return steps, Applied(entries, inverse_sum / max(1, entries), sigma_sum / max(1, entries))
 
     def committed(self, targets):
         for target in targets:
