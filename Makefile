@@ -8,19 +8,27 @@ SCENARIO ?= scenarios/quickstart.yaml
 .PHONY: setup demo test test-fast docker figures bench profile clean lock help
 FIGURES_PROFILE := $(if $(FAST),fast,full)
 BACKEND ?= auto
+# What a target needs from outside the Python lock: scripts/system-deps.sh installs it when run
+# as root (apt-get; py-spy with pip) and says what it could not install and the command that
+# would; the target then goes on with what it has (Docker missing: the local backend; Fashion-MNIST
+# missing: the best data set available, said in the results).
+need = @./scripts/system-deps.sh $(1) || echo "$@: going on without what could not be installed (above)"
+ENGINE := ./scripts/docker-engine.sh || echo "continuing without Docker"
 
 help:
-	@echo "make demo       set up everything and run $(SCENARIO) (Docker when possible, else local)"
+	@echo "make setup      .venv with the pinned Python packages (requirements/lock.txt)"
+	@echo "make demo       set up everything (as root: Docker too) and run $(SCENARIO) (Docker when possible, else local)"
 	@echo "make test       the whole test suite (unit, slow training runs, Docker)"
 	@echo "make test-fast  unit tests only (seconds)"
-	@echo "make figures    run the paper's experiments, write figures/*.png and figures/results.md (FAST=1: minutes)"
-	@echo "make bench      the benchmark suite, written to .bench/results.json and .bench/results.md (QUICK=1)"
-	@echo "make profile    where a run's CPU goes: py-spy over $(SCENARIO) on the local backend, .bench/profile.svg"
-	@echo "make clean      remove every container, network, cgroup and run directory of the emulator"
+	@echo "make figures    the paper's experiments (as root: installs Docker, Fashion-MNIST), figures/*.png and figures/results.md (FAST=1: minutes)"
+	@echo "make bench      the benchmark suite (as root: installs Docker, Fashion-MNIST), .bench/results.json and .bench/results.md (QUICK=1)"
+	@echo "make profile    where a run's CPU goes: py-spy (pip, into .venv) over $(SCENARIO) on the local backend, .bench/profile.svg"
+	@echo "make clean      remove every container, network and cgroup of the emulator, and runs/, figures/, .bench/"
 
 setup: $(STAMP)
 
 $(STAMP): requirements/lock.txt pyproject.toml
+	@test -x $(BIN)/python || PYTHON=$(PYTHON) ./scripts/system-deps.sh python3-venv || true
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip >/dev/null
 	$(BIN)/python -m pip install -q -c requirements/lock.txt -e '.[test]'
@@ -28,9 +36,12 @@ $(STAMP): requirements/lock.txt pyproject.toml
 	@touch $@
 
 docker:
-	@./scripts/docker-engine.sh || echo "continuing without Docker"
+	$(call need,docker)
+	@$(ENGINE)
 
-demo: setup docker
+demo: setup
+	$(call need,docker)
+	@$(ENGINE)
 	$(BIN)/emulate doctor || true
 	$(BIN)/emulate run $(SCENARIO)
 
@@ -40,15 +51,19 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow and not docker" $(PYTEST_ARGS)
 
-figures: setup docker
+figures: setup
+	$(call need,docker dataset-fashion-mnist)
+	@$(ENGINE)
 	$(BIN)/python -m analysis.paper --profile $(FIGURES_PROFILE) --backend $(BACKEND) --out figures
 
 bench: setup
+	$(call need,docker dataset-fashion-mnist)
+	@$(ENGINE)
 	$(BIN)/python -m benchmarks $(if $(QUICK),--quick,) --out .bench
 
 # py-spy is a profiler, not a dependency of the emulator: installed on demand, outside the lock.
 profile: setup
-	@$(BIN)/python -m pip show -q py-spy >/dev/null 2>&1 || $(BIN)/python -m pip install -q py-spy
+	@./scripts/system-deps.sh py-spy
 	@mkdir -p .bench
 	$(BIN)/py-spy record --subprocesses --rate 50 --output .bench/profile.svg -- \
 		$(BIN)/emulate run $(SCENARIO) --backend local --out .bench/profile-runs --set training.max_updates=200 --quiet
