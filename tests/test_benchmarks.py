@@ -1,8 +1,9 @@
 """The benchmark suite's bounded versions: they run, measure something, and report it.
 
-The full suite is ``make bench`` (docs/PERFORMANCE.md); these check the worker, wire and server
-benchmarks end to end in their ``--quick`` form, with nothing timed: figures are reported, and
-only relations that hold on any machine are asserted.
+The full suite is ``make bench`` (docs/PERFORMANCE.md); the slow test checks the worker, wire and
+server benchmarks end to end in their ``--quick`` form, with nothing timed: figures are reported,
+and only relations that hold on any machine are asserted. The fast ones check the driver with
+stand-in benchmarks (a failed one is marked and makes the exit status 1) and the data set choice.
 """
 
 from __future__ import annotations
@@ -10,14 +11,81 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from benchmarks import __main__ as driver
+from benchmarks import common, density, fidelity
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def stand_in(name: str, run, markdown=lambda result: [f"value {result['value']}"]) -> types.ModuleType:
+    module = types.ModuleType(f"benchmarks.{name}", f"Stand-in benchmark {name}.")
+    module.run, module.markdown = run, markdown
+    return module
+
+
+def raises(quick: bool = False) -> dict:
+    raise ValueError("dataset 'x' is not available here; tried, in order:\n  - /nowhere: no such directory")
+
+
+@pytest.fixture
+def suite(monkeypatch):
+    """Puts stand-in benchmarks where the driver looks them up, as its whole suite."""
+
+    def install(**modules: types.ModuleType) -> None:
+        for name, module in modules.items():
+            monkeypatch.setitem(sys.modules, f"benchmarks.{name}", module)
+        monkeypatch.setattr(driver, "SUITE", tuple(modules))
+
+    return install
+
+
+def test_a_failed_benchmark_is_marked_and_makes_the_exit_status_1_after_the_rest_ran(suite, tmp_path):
+    suite(boom=stand_in("boom", raises), fine=stand_in("fine", lambda quick: {"value": 3}),
+          broken=stand_in("broken", lambda quick: {"error": "run failed: DatasetUnavailable: no data\nmore"},
+                          markdown=lambda result: ["**The run failed.**"]))
+    assert driver.main(["--quick", "--out", str(tmp_path)]) == 1
+
+    markdown = (tmp_path / "results.md").read_text()
+    assert "**INCOMPLETE: 2 of 3 benchmarks failed (boom, broken)" in markdown
+    boom = markdown.split("## boom")[1].split("## fine")[0]
+    assert "**FAILED:** ValueError: dataset 'x' is not available here; tried, in order:" in boom
+    assert "/nowhere" not in boom  # the first line of the error only
+    assert "value 3" in markdown.split("## fine")[1]  # the benchmark after the failed one ran
+    assert "**FAILED:** run failed: DatasetUnavailable: no data\n\n**The run failed.**" in markdown
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["fine"]["value"] == 3
+    assert set(results["failed"]) == {"boom", "broken"}
+    assert results["boom"]["error"].startswith("ValueError: dataset 'x'")  # the whole error is kept here
+
+
+def test_a_suite_where_nothing_failed_exits_0_and_says_what_was_skipped(suite, tmp_path):
+    suite(fine=stand_in("fine", lambda quick: {"value": 1}),
+          away=stand_in("away", lambda quick: {"skipped": "no Docker here"}, markdown=lambda result: ["Skipped."]))
+    assert driver.main(["--out", str(tmp_path)]) == 0
+    markdown = (tmp_path / "results.md").read_text()
+    assert "INCOMPLETE" not in markdown and "FAILED" not in markdown
+    assert "Skipped: away (no Docker here)." in markdown
+
+
+def test_docker_benchmarks_train_on_the_best_data_set_here_and_say_which(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMULATE_DATA_ROOT", str(tmp_path))  # Fashion-MNIST and MNIST hidden
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    monkeypatch.delenv("EMULATE_DOWNLOAD", raising=False)
+    data = common.dataset()
+    assert (data["name"], data["passed_over"]) == ("mnist-5k", ["fashion-mnist", "mnist"])
+    assert data["test_size"] == 1000
+    for scenario in (density.scenario("d", 8, 0.25, 20, data), fidelity.scenario(8, data)):
+        assert scenario["dataset"] == {"name": "mnist-5k", "test_size": 1000}
+    assert common.dataset_line(data).startswith("Data set: mnist-5k (")
+    assert common.dataset_line(data).endswith("; not available here: fashion-mnist, mnist).")
+
+
+@pytest.mark.slow
 def test_quick_worker_wire_and_server_benchmarks_write_their_results(tmp_path):
     done = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "worker", "wire", "server",
                            "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
