@@ -1,8 +1,14 @@
 """``emulate``: a thin command line over the library.
 
 Each command builds the domain objects (scenario, plan, backend, run directory) and calls
-them; everything here is callable from Python too. Scenario problems exit with status 2 and
-name the field; no traceback reaches the user for bad input.
+them; everything here is callable from Python too. No traceback reaches the user for bad
+input. Exit status, the same for every command:
+
+    0    success
+    1    the run or experiment failed (its run directory says why; doctor: a check failed)
+    2    bad input, named with its field, file or line (a scenario value, an option, a run id
+         that exists, a backend or Docker daemon this machine does not have)
+    130  interrupted (Ctrl-C); a run tears down and writes its summary first
 """
 
 from __future__ import annotations
@@ -15,11 +21,38 @@ import click
 
 from .scenario import ScenarioError, json_schema, load_scenario
 
+EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+EXIT_CODES = """\b
+Exit status:
+  0    success
+  1    the run or experiment failed (its run directory says why)
+  2    bad input: the message names the field, file or line
+  130  interrupted (Ctrl-C)"""
 
 
 def _say(msg: str) -> None:
     click.echo(msg, err=True)
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT):
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _docker_client():
+    """The Docker SDK's client, or exit 2 saying that no daemon answers."""
+    try:
+        import docker
+
+        from .backends.docker import client
+    except ImportError:
+        _fail("the docker Python package is not installed (make setup installs it)")
+    try:
+        return client()
+    except docker.errors.DockerException as exc:
+        _fail(f"no Docker daemon answers ({exc}); start one (as root, make demo installs and starts it)")
 
 
 def _load(path: str, overrides: tuple[str, ...]):
@@ -41,7 +74,18 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
                           help="Override a scenario value, e.g. --set workers[0].count=8 (repeatable).")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """Ctrl-C outside a run (which handles it itself) exits 130 too, not click's 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+
+
+@click.group(cls=_Commands, epilog=EXIT_CODES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="edge-emulator")
 def main():
     """Emulate many weak, WAN-connected devices training one model through a parameter server."""
@@ -61,15 +105,24 @@ def run(scenario_file, backend, overrides, out_root, run_id, strict, tolerance, 
     """Run one scenario: devices up, train, record traces, tear down."""
     from .backends import BackendUnavailable, choose
     from .controller import Emulation
-    from .rundir import RunDirectory
+    from .rundir import RunDirectory, RunIdError, check_new
 
+    if run_id is not None:
+        try:
+            check_new(out_root, run_id)  # before anything runs
+        except RunIdError as exc:
+            _fail(f"--run-id: {exc}")
     scenario, raw, plan = _load(scenario_file, overrides)
     try:
         backend_cls = choose(backend or scenario.backend, say=_say)
     except BackendUnavailable as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
-    rundir = RunDirectory.create(out_root, plan.name, run_id)
+        _fail(str(exc))
+    try:
+        rundir = RunDirectory.create(out_root, plan.name, run_id)
+    except RunIdError as exc:
+        _fail(f"--run-id: {exc}")
+    except OSError as exc:
+        _fail(f"--out {out_root}: cannot make the run directory: {exc.strerror or exc}")
     emulation = Emulation(
         plan, backend_cls(say=_say), rundir, scenario_text=Path(scenario_file).read_text(),
         resolved={"scenario": scenario.model_dump(mode="json", by_alias=True), "overrides": list(overrides)},
@@ -79,10 +132,10 @@ def run(scenario_file, backend, overrides, out_root, run_id, strict, tolerance, 
         summary = emulation.run()
     except Exception as exc:  # noqa: BLE001 - the summary has been written; say where
         click.echo(f"run failed: {type(exc).__name__}: {exc}\nrun directory: {rundir.path}", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_FAILED)
     _print_summary(summary, rundir.path)
     if summary["status"] == "interrupted":
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 def _print_summary(summary: dict, path) -> None:
@@ -166,6 +219,7 @@ def render_plan(p) -> str:
 @click.option("--quiet", is_flag=True, help="No live progress lines.")
 def compare(scenario_file, methods, backend, overrides, out_root, target_accuracy, no_fidelity, quiet):
     """Run one scenario once per method (same seed, same data partition): one table, one figure."""
+    from .backends import BackendUnavailable
     from .compare import compare as run_compare
 
     _load(scenario_file, overrides)  # refuse a bad scenario before anything runs
@@ -176,9 +230,11 @@ def compare(scenario_file, methods, backend, overrides, out_root, target_accurac
     except ScenarioError as exc:
         click.echo(exc.render(), err=True)
         sys.exit(EXIT_BAD_INPUT)
+    except BackendUnavailable as exc:
+        _fail(str(exc))
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     click.echo((Path(out) / "compare.md").read_text())
     click.echo(f"comparison: {out}")
 
@@ -194,7 +250,13 @@ def schema():
 def clean(run_id):
     """Remove every resource the emulator created (processes' cgroups, containers, networks, qdiscs)."""
     from .cleanup import clean_all
+    from .rundir import RunIdError, check_run_id
 
+    if run_id is not None:
+        try:
+            check_run_id(run_id)  # it names a cgroup subtree: '..' would reach every process's
+        except RunIdError as exc:
+            _fail(f"--run: {exc}")
     removed = clean_all(run_id, say=_say)
     click.echo(f"removed {len(removed)} resource(s)")
     for item in removed:
@@ -211,13 +273,12 @@ def images():
 def images_build(force):
     """Build the runtime image if it is missing (base, wheels, code layer)."""
     from . import images as image_lib
-    from .backends.docker import client
 
+    docker_client = _docker_client()
     try:
-        tag = image_lib.ensure_runtime_image(client(), force=force, progress=_say)
+        tag = image_lib.ensure_runtime_image(docker_client, force=force, progress=_say)
     except image_lib.ImageBuildError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        _fail(str(exc), EXIT_FAILED)
     click.echo(tag)
 
 
@@ -226,7 +287,7 @@ def images_status():
     """Which base and runtime image exist, and whether the runtime image matches the code."""
     from . import images as image_lib
 
-    click.echo(json.dumps(image_lib.image_status(), indent=1))
+    click.echo(json.dumps(image_lib.image_status(_docker_client()), indent=1))
 
 
 @images.command("push")
@@ -235,14 +296,13 @@ def images_push(registry):
     """Push the runtime and swarm agent images to REGISTRY (host:port), for the nodes of a swarm
     to pull (then run with EMULATE_SWARM_REGISTRY=REGISTRY)."""
     from . import images as image_lib
-    from .backends.docker import client
     from .backends.swarm import push_images
 
+    docker_client = _docker_client()
     try:
-        refs = push_images(client(), registry, progress=_say)
+        refs = push_images(docker_client, registry, progress=_say)
     except image_lib.ImageBuildError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        _fail(str(exc), EXIT_FAILED)
     click.echo("\n".join(refs))
 
 
@@ -255,8 +315,9 @@ def doctor():
     for name, status, detail in diagnose():
         mark = {"ok": "ok  ", "warn": "warn", "fail": "FAIL", "info": "info"}[status]
         ok = ok and status != "fail"
-        click.echo(f"[{mark}] {name}: {detail}")
-    sys.exit(0 if ok else 1)
+        first, *more = detail.splitlines() or [""]
+        click.echo("\n".join([f"[{mark}] {name}: {first}", *(f"       {line}" for line in more)]))
+    sys.exit(0 if ok else EXIT_FAILED)
 
 
 
@@ -270,8 +331,7 @@ def report(path, per_run):
     try:
         out = build_report(path, per_run=per_run)
     except FileNotFoundError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _fail(str(exc))
     click.echo(f"report: {out / 'report.html'} (and report.md, figures beside it)")
 
 
@@ -298,8 +358,7 @@ def sweep(scenario_file, grid, repeat, jobs, directory, backend, overrides, no_f
     try:
         backend_name = choose(backend or scenario.backend, say=_say).name
     except BackendUnavailable as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _fail(str(exc))
     try:
         spec = Sweep.from_options(scenario_file, grid, repeat=repeat, overrides=tuple(overrides), backend=backend_name,
                                   check_fidelity=not no_fidelity)
@@ -316,8 +375,8 @@ def sweep(scenario_file, grid, repeat, jobs, directory, backend, overrides, no_f
 
         click.echo(f"report: {build_report(result.directory) / 'report.html'} (table: {result.directory / 'sweep.md'})")
     if result.interrupted:
-        sys.exit(130)
-    sys.exit(1 if failed else 0)
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(EXIT_FAILED if failed else 0)
 
 
 if __name__ == "__main__":

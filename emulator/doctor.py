@@ -10,7 +10,7 @@ from . import cgroups
 
 
 def diagnose() -> list[tuple[str, str, str]]:
-    """(check, ok|warn|fail|info, detail) rows, most important first."""
+    """(check, ok|warn|fail|info, detail) rows, most important first; a detail may span lines."""
     rows: list[tuple[str, str, str]] = []
     rows.append(("python", "info", f"{platform.python_version()} on {platform.machine()}, kernel {platform.release()}"))
     rows.append(("root", "ok" if os.geteuid() == 0 else "warn",
@@ -57,13 +57,19 @@ def diagnose() -> list[tuple[str, str, str]]:
         except Exception as exc:  # noqa: BLE001
             rows.append(("runtime image", "warn", str(exc)))
 
+    return rows + dataset_rows()
+
+
+def dataset_rows() -> list[tuple[str, str, str]]:
+    """One row per data set: its sizes and source, or the whole "not available" message (every
+    place tried, and what to install)."""
     from . import datasets
 
+    rows = []
     for name in sorted(datasets.DATASETS):
         try:
             ds = datasets.load(name)
             rows.append((f"dataset {name}", "ok", f"{len(ds.x_train):,} train / {len(ds.x_test):,} test from {ds.source}"))
         except Exception as exc:  # noqa: BLE001
-            first = str(exc).splitlines()[0]
-            rows.append((f"dataset {name}", "warn", first))
+            rows.append((f"dataset {name}", "warn", str(exc)))
     return rows

@@ -28,11 +28,37 @@ import warnings
 from pathlib import Path
 
 STREAMS = frozenset({"events", "updates", "accuracy", "traffic", "steps", "server", "rejections", "net", "stats", "fidelity"})
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+
+
+class RunIdError(ValueError):
+    """A run id that is not a plain directory name, or that names a run directory already there."""
 
 
 def new_run_id(name: str) -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{secrets.token_hex(2)}"
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{name[:160]}-{secrets.token_hex(2)}"
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it is one plain name: it becomes a directory, a cgroup and a label, so
+    ``..``, ``/`` or a leading dot could reach outside the run's own."""
+    if not _RUN_ID.fullmatch(run_id):
+        raise RunIdError(f"invalid run id {run_id!r}: use up to 200 letters, digits, '.', '_' and '-', "
+                         "starting with a letter or digit")
+    return run_id
+
+
+def check_new(root: str | Path, run_id: str) -> Path:
+    """The path ``root/run_id`` of a run yet to be made; refuses an invalid id, and a directory
+    that exists (a run is never written over)."""
+    path = Path(root) / check_run_id(run_id)
+    if path.exists() or path.is_symlink():
+        raise _taken(path)
+    return path
+
+
+def _taken(path: Path) -> RunIdError:
+    return RunIdError(f"run directory {path} already exists; choose another run id (nothing was written)")
 
 
 def write_json_atomic(path: Path, data) -> None:
@@ -52,12 +78,14 @@ class RunDirectory:
 
     @classmethod
     def create(cls, root: str | Path, name: str, run_id: str | None = None) -> "RunDirectory":
-        run_id = run_id or new_run_id(name)
-        if not _RUN_ID.match(run_id):
-            raise ValueError(f"invalid run id {run_id!r}")
-        path = Path(root) / run_id
-        if path.exists() and any(path.iterdir()):
-            raise FileExistsError(f"run directory {path} already exists")
+        """A new, empty run directory; :class:`RunIdError` if the id is invalid or taken (even by a
+        run that started a moment ago: the directory is made exclusively)."""
+        path = check_new(root, run_id or new_run_id(name))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir()
+        except FileExistsError:
+            raise _taken(path) from None
         return cls(path)
 
     @property

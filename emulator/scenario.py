@@ -418,7 +418,10 @@ class TrainingSpec(Strict):
     learning_rate: PositiveFloat = 0.1
     max_updates: PositiveInt | None = Field(None, description="stop after this many updates applied by the server")
     duration: PositiveDuration | None = Field(None, description="stop after this much wall time")
-    eval_every: Annotated[EvalSchedule, BeforeValidator(_eval_every)] = Field(
+    eval_every: Annotated[EvalSchedule, BeforeValidator(_eval_every), WithJsonSchema({"anyOf": [  # what _eval_every reads
+        {"type": "string"}, {"type": "integer", "minimum": 1},
+        {"type": "object", "properties": {"seconds": {"type": "number", "exclusiveMinimum": 0}, "updates": {"type": "integer", "minimum": 1}},
+         "additionalProperties": False}]})] = Field(
         default_factory=lambda: EvalSchedule(seconds=30.0), description="30s or '500 updates'"
     )
 
@@ -942,4 +945,14 @@ def load_scenario(path: str | Path, overrides: list[str] = ()) -> tuple[Scenario
 
 
 def json_schema() -> dict:
-    return Scenario.model_json_schema(by_alias=True)
+    """The scenario's JSON Schema; every default is written as a scenario file would write it
+    (``cpus: 1.0``, not the :class:`Fixed` it becomes), so that it loads back."""
+    from pydantic.json_schema import GenerateJsonSchema
+
+    class FileDefaults(GenerateJsonSchema):
+        def encode_default(self, dft):
+            if isinstance(dft, typing.get_args(Distribution)):
+                return _dump_distribution(dft)
+            return super().encode_default(dft)
+
+    return Scenario.model_json_schema(by_alias=True, schema_generator=FileDefaults)
