@@ -14,6 +14,7 @@ input. Exit status, the same for every command:
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from .scenario import ScenarioError, json_schema, load_scenario
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+REGISTRY = re.compile(rf"{_LABEL}(?:\.{_LABEL})*(?::\d{{1,5}})?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*")  # a Docker reference's domain
 EXIT_CODES = """\b
 Exit status:
   0    success
@@ -298,6 +301,8 @@ def images_push(registry):
     from . import images as image_lib
     from .backends.swarm import push_images
 
+    if not REGISTRY.fullmatch(registry):  # found now, not after building the image
+        _fail(f"REGISTRY {registry!r}: expected HOST[:PORT][/PATH], e.g. registry.lab:5000")
     docker_client = _docker_client()
     try:
         refs = push_images(docker_client, registry, progress=_say)

@@ -302,6 +302,12 @@ def test_images_without_a_docker_daemon(tmp_path, command):
     assert error_line(result).startswith("error: no Docker daemon answers (")
 
 
+@pytest.mark.parametrize("registry", ["bad registry!", "host:", "Host:5000/UPPER", "under_score:5000"])
+def test_images_push_refuses_a_malformed_registry_before_touching_docker(tmp_path, registry):
+    result = CliRunner().invoke(main, ["images", "push", registry], env={"DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"})
+    assert error_line(result) == f"error: REGISTRY {registry!r}: expected HOST[:PORT][/PATH], e.g. registry.lab:5000"
+
+
 def test_ctrl_c_exits_130(monkeypatch):
     import emulator.cli
 
