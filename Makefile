@@ -19,7 +19,7 @@ help:
 	@echo "make setup      .venv with the pinned Python packages (requirements/lock.txt)"
 	@echo "make demo       set up everything (as root: Docker too) and run $(SCENARIO) (Docker when possible, else local)"
 	@echo "make test       the whole test suite (unit, slow training runs, Docker)"
-	@echo "make test-fast  unit tests only (seconds)"
+	@echo "make test-fast  unit tests only (under a minute)"
 	@echo "make figures    the paper's experiments (as root: installs Docker, Fashion-MNIST), figures/*.png and figures/results.md (FAST=1: minutes)"
 	@echo "make bench      the benchmark suite (as root: installs Docker, Fashion-MNIST), .bench/results.json and .bench/results.md (QUICK=1)"
 	@echo "make profile    where a run's CPU goes: py-spy (pip, into .venv) over $(SCENARIO) on the local backend, .bench/profile.svg"
