@@ -2,8 +2,9 @@
 
 Every column that states a fact of the code is checked: the presets' compressor and rule, each
 compressor's parameters with default, range and meaning, whether it takes ``error_feedback``,
-and the keys every method takes (``rule``, ``error_feedback``, ``wire.*``) with their defaults
-and values. Only the free-text "sends" column is the README's own.
+and every key of the method section (``rule``, ``error_feedback``, ``wire.*``, and any added
+later) with its default and values. Only the free-text columns ("sends", the keys' meaning) are
+the README's own.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from pathlib import Path
 
 import annotated_types
 import pytest
+from pydantic import BaseModel
 
 from compression import COMPRESSORS
 from emulator.methods import PRESETS
 from emulator.runtime.rules import RULES
-from emulator.scenario import MethodSpec, WireSpec
+from emulator.scenario import MethodSpec
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 NONE = "-"
@@ -77,15 +79,30 @@ def test_method_table_has_every_preset_with_its_compressor_and_rule():
     assert rows == [(f"`{name}`", f"`{p.compressor}`", f"`{p.rule}`", p.description) for name, p in PRESETS.items()]
 
 
-def test_keys_every_method_takes_have_their_defaults_and_values():
-    rows = {row[0]: row[1:3] for row in table("| key | default | values |")}
-    wire = WireSpec.model_fields
-    assert rows == {
-        "`rule`": ["the preset's; `plain` for a compressor", ", ".join(f"`{r}`" for r in RULES)],
-        "`error_feedback`": [code(MethodSpec.model_fields["error_feedback"].default), "`true`, `false`"],
-        **{f"`wire.{key}`": [code(wire[key].default), ", ".join(f"`{v}`" for v in typing.get_args(wire[key].annotation))]
-           for key in wire},
-    }
+def method_keys() -> dict[str, tuple]:
+    """Every key of the method section but ``name``, nested ones dotted (``wire.values``): its
+    default and its values as the README writes them (None where the values are not a list)."""
+    keys = {}
+    for key, info in MethodSpec.model_fields.items():
+        nested = info.default if isinstance(info.default, BaseModel) else None
+        fields = type(nested).model_fields.items() if nested else [(None, info)]
+        for sub, field in fields:
+            values = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is typing.Literal else None
+            values = (True, False) if field.annotation is bool else values
+            default = getattr(nested, sub) if nested else field.default
+            keys[f"{key}.{sub}" if sub else key] = (code(default), values and ", ".join(code(v) for v in values))
+    del keys["name"]
+    keys["rule"] = ("the preset's; `plain` for a compressor", ", ".join(f"`{r}`" for r in RULES))
+    return keys
+
+
+def test_keys_every_method_takes_are_all_there_with_their_defaults_and_values():
+    rows = {row[0].strip("`"): row[1:3] for row in table("| key | default | values |")}
+    expected = method_keys()
+    assert set(rows) == set(expected), "README's method keys differ from MethodSpec's"
+    for key, (default, values) in expected.items():
+        assert rows[key][0] == default, key
+        assert values is None or rows[key][1] == values, key
 
 
 @pytest.mark.parametrize("name", sorted(COMPRESSORS))
