@@ -345,6 +345,55 @@ def link_utilisation(net: pd.DataFrame, faults: pd.DataFrame | None = None) -> F
     return fig
 
 
+# -- repetitions -------------------------------------------------------------------------
+
+
+def mean_band(ax, runs: Sequence[pd.DataFrame], x: str, y: str, *, label: str | None = None, color: str | None = None,
+              log_x: bool = False, confidence: float = 0.95, points: int = 100) -> bool:
+    """Draw on ``ax`` the mean of ``y`` over ``runs`` (repetitions of one configuration) against
+    ``x``, with its Student-t ``confidence`` interval shaded; returns whether anything was drawn.
+
+    Repetitions evaluate at different ``x`` (bytes, seconds), so each run is interpolated linearly
+    (in log x when ``log_x``, where ``x <= 0`` is left out) onto ``points`` common x values
+    spanning all runs; at each of them the statistics use the runs whose own x range covers it.
+    The mean is drawn where at least half of the runs do (a run that stopped early, e.g. diverged,
+    does not end the line, but the mean past it is over fewer runs); the band where two or more
+    do. A single run is drawn as its own line.
+    """
+    from .sweep import mean_ci
+
+    curves = []
+    for table in runs:
+        if table is None or x not in table or y not in table:
+            continue
+        rows = table.dropna(subset=[x, y])
+        rows = rows[rows[x] > 0] if log_x else rows
+        rows = rows.groupby(x, sort=True)[y].mean()  # one value per x: np.interp needs increasing x
+        if len(rows):
+            xs = rows.index.to_numpy(dtype=float)
+            curves.append((np.log10(xs) if log_x else xs, rows.to_numpy(dtype=float)))
+    if not curves:
+        return False
+    low, high = min(c[0][0] for c in curves), max(c[0][-1] for c in curves)
+    grid = np.linspace(low, high, points) if high > low else np.array([low])
+    values = np.full((len(curves), len(grid)), np.nan)
+    for i, (xs, ys) in enumerate(curves):
+        covered = (grid >= xs[0]) & (grid <= xs[-1])
+        values[i, covered] = np.interp(grid[covered], xs, ys)
+    stats = np.array([mean_ci(column, confidence) for column in values.T], dtype=float)  # n, mean, half-width
+    drawn = stats[:, 0] >= max(1, math.ceil(len(curves) / 2))
+    xs = 10 ** grid if log_x else grid
+    line = ax.plot(np.where(drawn, xs, np.nan), np.where(drawn, stats[:, 1], np.nan), color=color, linewidth=1.6,
+                   label=label if len(curves) == 1 else f"{label} (mean of {len(curves)})" if label else None)[0]
+    band = drawn & (stats[:, 0] >= 2)
+    if band.any():
+        ax.fill_between(xs, stats[:, 1] - stats[:, 2], stats[:, 1] + stats[:, 2], where=band, color=line.get_color(),
+                        alpha=0.2, linewidth=0)
+    if log_x:
+        ax.set_xscale("log")
+    return True
+
+
 # -- sweeps ------------------------------------------------------------------------------
 
 METRIC_LABELS = {
@@ -413,5 +462,5 @@ def sweep_metric(aggregate: pd.DataFrame, x_key: str, metric: str, series_keys: 
 
 __all__ = [
     "accuracy_vs_ingress", "accuracy_vs_time", "accuracy_vs_updates", "cpu_utilisation", "ingress_rate",
-    "link_utilisation", "save", "staleness_histogram", "sweep_metric", "worker_share",
+    "link_utilisation", "mean_band", "save", "staleness_histogram", "sweep_metric", "worker_share",
 ]

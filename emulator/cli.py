@@ -216,12 +216,17 @@ def render_plan(p) -> str:
 @click.option("--backend", type=click.Choice(["auto", "local", "docker", "swarm"]), default="auto", show_default=True)
 @set_option
 @click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False))
+@click.option("--dir", "directory", default=None, type=click.Path(file_okay=False),
+              help="The comparison's directory (default: a new <out>/compare-<name>-<time>); a rerun into it reuses its completed runs.")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1),
+              help="Paired repetitions: repetition r runs every method with the same derived seed (r = 0: the scenario's).")
 @click.option("--target-accuracy", type=click.FloatRange(0, 1), default=None,
-              help="Accuracy for the time-to-target column (default: 90% of the best final accuracy).")
+              help="Accuracy for the time-to-target column (default: 90% of the best mean final accuracy).")
 @click.option("--no-fidelity", is_flag=True, help="Skip each run's fidelity check.")
 @click.option("--quiet", is_flag=True, help="No live progress lines.")
-def compare(scenario_file, methods, backend, overrides, out_root, target_accuracy, no_fidelity, quiet):
-    """Run one scenario once per method (same seed, same data partition): one table, one figure."""
+def compare(scenario_file, methods, backend, overrides, out_root, directory, repeat, target_accuracy, no_fidelity, quiet):
+    """Run one scenario once per method and repetition (each repetition one seed for every method):
+    one table with intervals, paired differences, one figure."""
     from .backends import BackendUnavailable
     from .compare import compare as run_compare
 
@@ -229,7 +234,7 @@ def compare(scenario_file, methods, backend, overrides, out_root, target_accurac
     try:
         out = run_compare(scenario_file, list(methods), out_root, backend=backend, overrides=list(overrides),
                           say=(lambda msg: None) if quiet else _say, target_accuracy=target_accuracy,
-                          check_fidelity=not no_fidelity)
+                          check_fidelity=not no_fidelity, repeat=repeat, directory=directory)
     except ScenarioError as exc:
         click.echo(exc.render(), err=True)
         sys.exit(EXIT_BAD_INPUT)
