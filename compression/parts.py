@@ -16,6 +16,7 @@ kind  part              body                                                   b
 6     SignPart          f32 scale, sign bits                                   1
 7     SparseSignPart    u32 k, f32 scale, indices, sign bits                   ~2+log2(n/k) + 1
 8     LowRankPart       u32 rows, u32 cols, u32 r, P (rows x r), Q (cols x r)  32 r (rows+cols) / n
+9     SparseLevelsPart  u32 k, u16 s, f32 scale, indices, codes 0..2s          ~2+log2(n/k) + ceil(log2(2s+1))
 ====  ================  =====================================================  ===============
 """
 
@@ -484,3 +485,56 @@ class LowRankPart(Part):
 
     def rounded(self, flags):
         return LowRankPart(round_values(self.p, flags), round_values(self.q, flags))
+
+
+@register_part
+@dataclass(frozen=True)
+class SparseLevelsPart(Part):
+    """Some coordinates, each one of ``2s + 1`` levels: ``value = scale * (code - s) / s``.
+
+    :class:`QuantizedPart` at the coordinates of a :class:`SparsePart` (the 8-bit model deltas of
+    :mod:`compression.delta`). Body: u32 ``k`` (<= the tensor's size), u16 ``s``, f32 ``scale``,
+    the ``k`` strictly increasing indices (Elias-Fano, or raw u32 under ``FLAG_RAW32_INDICES``),
+    then ``k`` codes of ``ceil(log2(2s + 1))`` bits, packed MSB first.
+    """
+
+    indices: np.ndarray
+    levels: int
+    scale: float
+    codes: np.ndarray
+    kind: ClassVar[int] = 9
+
+    @property
+    def entries(self) -> int:
+        return int(self.indices.size)
+
+    def coordinates(self, size):
+        step = np.float32(self.scale / self.levels)
+        return self.indices, (self.codes - self.levels).astype(np.float32) * step
+
+    def write(self, size, flags):
+        k = int(self.indices.size)
+        if self.codes.size != k:
+            raise PartError(f"sparse levels part: {self.codes.size} codes for {k} indices")
+        if not 1 <= self.levels <= MAX_LEVELS:
+            raise PartError(f"sparse levels part: {self.levels} levels, at most {MAX_LEVELS}")
+        return (_COUNT.pack(k) + _LEVELS.pack(self.levels) + write_scale(self.scale)
+                + write_indices(self.indices, size, flags) + bitpack.pack(self.codes, level_bits(self.levels)))
+
+    @classmethod
+    def read(cls, body, size, flags):
+        head = _COUNT.size + _LEVELS.size
+        if len(body) < head:
+            raise PartError("sparse levels part shorter than its count and levels")
+        (k,) = _COUNT.unpack_from(body, 0)
+        (levels,) = _LEVELS.unpack_from(body, _COUNT.size)
+        if k > size:
+            raise PartError(f"sparse levels part claims {k} entries for a tensor of {size}")
+        if not 1 <= levels <= MAX_LEVELS:
+            raise PartError(f"sparse levels part: {levels} levels, expected 1..{MAX_LEVELS}")
+        scale, pos = read_scale(body, head)
+        indices, end = read_indices(body, pos, k, size, flags)
+        codes = _unpack(body[end:], k, level_bits(levels), "sparse levels part")
+        if codes.size and codes.max() > 2 * levels:
+            raise PartError(f"sparse levels part: code {int(codes.max())} above {2 * levels}")
+        return cls(indices, levels, scale, codes)

@@ -25,6 +25,7 @@ from .collector import Collector
 from .plan import DevicePlan, EventPlan, LinkPlan, Plan
 from .rundir import RunDirectory
 from .runtime import models
+from .runtime.protocol import NO_WORKER
 from .units import format_bytes, format_duration
 
 FINAL_EVAL_TIMEOUT_S = 300.0
@@ -51,6 +52,8 @@ class LiveState:
     updates: int = 0
     applied_bytes: int = 0
     ingress_bytes: int = 0
+    egress_bytes: int = 0  # every frame the server sent
+    downlink_bytes: int = 0  # ... of which to workers
     pushes: dict[str, int] = field(default_factory=dict)
     accuracy: dict | None = None
     final_accuracy: dict | None = None
@@ -73,13 +76,16 @@ class LiveState:
         with self.lock:
             if stream == "updates":
                 for r in records:
-                    self.updates = int(r.get("t", 0))
+                    # max: a row is traced once its reply is built, so rows can swap places
+                    self.updates = max(self.updates, int(r.get("t", 0)))
                     self.max_version = max(self.max_version, self.updates)
                     self.applied_bytes += int(r.get("bytes", 0))
                     name = f"worker-{r.get('worker')}"
                     self.pushes[name] = self.pushes.get(name, 0) + 1
             elif stream == "traffic":
                 self.ingress_bytes += sum(int(r.get("ingress_bytes", 0)) for r in records)
+                self.egress_bytes += sum(int(r.get("egress_bytes", 0)) for r in records)
+                self.downlink_bytes += sum(int(r.get("egress_bytes", 0)) for r in records if r.get("worker") != NO_WORKER)
             elif stream == "accuracy":
                 for r in records:
                     self.accuracy = r
@@ -148,6 +154,7 @@ class Emulation:
         self.net_last: dict[str, dict] = {}  # latest interface counters per device
         self.net_marks: dict[str, dict[str, dict]] = {}  # counters at training start and end
         self.payload_at_end: int | None = None  # the server's payload count when the end mark was taken
+        self.egress_at_end: tuple[int, int] | None = None  # ... and its egress and downlink counts
         rundir.write_text("scenario.yaml", scenario_text)
         if resolved is not None:
             rundir.write_json("scenario.resolved.json", resolved)
@@ -499,6 +506,7 @@ class Emulation:
             self._sample()
             self.net_marks["end"] = dict(self.net_last)
             self.payload_at_end = self.state.ingress_bytes
+            self.egress_at_end = (self.state.egress_bytes, self.state.downlink_bytes)
             self._await_final()
             self.status = "completed"
         except KeyboardInterrupt:
@@ -536,7 +544,7 @@ class Emulation:
             error=None if error is None else f"{type(error).__name__}: {error}",
             classes=getattr(shards, "classes", None), parameters=getattr(layout, "total", None),
             dataset=getattr(shards, "source", None), training_started_ts=self.training_start,
-            payload_at_end=self.payload_at_end, net_marks=self.net_marks,
+            payload_at_end=self.payload_at_end, egress_at_end=self.egress_at_end, net_marks=self.net_marks,
         )
         return summarize(self.state, read_jsonl(self.rundir.path / "events.jsonl"),
                          read_jsonl(self.rundir.path / "rejections.jsonl"), facts)

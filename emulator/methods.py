@@ -2,8 +2,9 @@
 
 The paper's four are presets (``asgd``, ``staleness_asgd``, ``comp_c``, ``adacomp``). Any
 registered compressor is a method too (``method: {name: topk, c: 0.001, rule: staleness}``),
-so every compressor combines with every server rule. Keys other than ``name``, ``rule``,
-``error_feedback`` and ``wire`` are the compressor's parameters.
+so every compressor combines with every server rule, and with every way of pulling the model
+(``pull``: dense, delta, lossy delta, every m pushes). Keys other than ``name``, ``rule``,
+``error_feedback``, ``wire`` and ``pull`` are the compressor's parameters.
 """
 
 from __future__ import annotations
@@ -43,11 +44,12 @@ class ResolvedMethod:
     rule: str
     error_feedback: bool
     wire: dict
+    pull: dict = field(default_factory=lambda: {"mode": "dense", "values": "f32", "every": 1})
 
     def to_json(self) -> dict:
         return {
             "name": self.name, "compressor": self.compressor, "params": dict(sorted(self.params.items())),
-            "rule": self.rule, "error_feedback": self.error_feedback, "wire": dict(self.wire),
+            "rule": self.rule, "error_feedback": self.error_feedback, "wire": dict(self.wire), "pull": dict(self.pull),
         }
 
 
@@ -66,7 +68,7 @@ def resolve(spec: MethodSpec) -> ResolvedMethod:
     rule = spec.rule or (preset.rule if preset else "plain")
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r}; known: {', '.join(sorted(RULES))}")
-    return ResolvedMethod(spec.name, compressor, params, rule, spec.error_feedback, spec.wire.model_dump())
+    return ResolvedMethod(spec.name, compressor, params, rule, spec.error_feedback, spec.wire.model_dump(), spec.pull.model_dump())
 
 
 def check_method(spec: MethodSpec) -> list[Problem]:
@@ -86,7 +88,7 @@ def check_method(spec: MethodSpec) -> list[Problem]:
         for problem in problems_from(exc, ("method",)):
             if problem.message.startswith("unknown key"):
                 allowed = ", ".join(COMPRESSORS[compressor].Params.model_fields) or "none"
-                problem = Problem(problem.path, f"unknown parameter for {spec.name} (parameters: {allowed}; also name, rule, error_feedback, wire)")
+                problem = Problem(problem.path, f"unknown parameter for {spec.name} (parameters: {allowed}; also name, rule, error_feedback, wire, pull)")
             problems.append(problem)
     return problems
 

@@ -32,7 +32,10 @@ from pydantic import (
     model_validator,
 )
 
+from compression.delta import DELTA_VALUES
+
 from . import units
+from .runtime.downlink import PULL_MODES
 
 MAX_FILE_BYTES = 1 << 20
 MAX_EXPANDED_VALUES = 100_000
@@ -437,6 +440,35 @@ class WireSpec(Strict):
     indices: Literal["elias_fano", "raw32"] = Field("elias_fano", description="index coding of sparse parts")
 
 
+class PullSpec(Strict):
+    """How workers take the model, the downlink (``emulator/runtime/downlink.py``); ``pull: delta``
+    is short for ``pull: {mode: delta}``."""
+
+    mode: Literal[PULL_MODES] = Field("dense", description=(
+        "dense: the whole model answers every push; delta: the coordinates changed since the version "
+        "the worker holds, Elias-Fano coded, or the whole model when that is smaller"))
+    values: Literal[tuple(DELTA_VALUES)] = Field("f32", description=(
+        "a delta's values: f32 exact; f16 rounded to half precision (the copy is the model rounded); "
+        "q8 8-bit codes of model - copy with a per-tensor scale and error feedback"))
+    every: PositiveInt = Field(1, description="pull after every this many pushes; between pulls, gradients of the model held")
+
+    @model_validator(mode="after")
+    def _lossy_values_are_a_deltas(self):
+        if self.mode == "dense" and self.values != "f32":
+            raise ValueError(f"values {self.values} are for mode delta (dense pulls send the float32 model)")
+        return self
+
+
+def _pull_shorthand(value):
+    return {"mode": value} if isinstance(value, str) else value
+
+
+_PULL_SCHEMA = {"anyOf": [{"type": "string", "enum": list(PULL_MODES)}, {
+    "type": "object", "additionalProperties": False, "properties": {
+        "mode": {"enum": list(PULL_MODES), "default": "dense"}, "values": {"enum": list(DELTA_VALUES), "default": "f32"},
+        "every": {"type": "integer", "minimum": 1, "default": 1}}}]}
+
+
 class MethodSpec(BaseModel):
     """A preset (asgd, staleness_asgd, comp_c, adacomp) or a compressor name; other keys are its parameters."""
 
@@ -445,6 +477,7 @@ class MethodSpec(BaseModel):
     rule: str | None = Field(None, description="plain | staleness | adacomp (default: the preset's)")
     error_feedback: bool = False
     wire: WireSpec = WireSpec()
+    pull: Annotated[PullSpec, BeforeValidator(_pull_shorthand), WithJsonSchema(_PULL_SCHEMA)] = PullSpec()
 
     @property
     def params(self) -> dict:

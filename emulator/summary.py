@@ -21,6 +21,13 @@ standard library: tests feed it recorded traces (``tests/data/traces/``).
 ``non_finite_updates`` counts the updates refused for NaN or Inf whatever the outcome: a
 worker's report of a non-finite gradient, non-finite values on the wire, or an update that
 would have made the model overflow (the reasons the server counts toward divergence).
+
+Both directions, as payload (whole frames, counted by the server) and on the server's interface:
+``ingress_payload_bytes`` (pushes) beside ``ingress_wire_bytes``; ``egress_payload_bytes`` (every
+frame the server sent: models, deltas, ACKs, rejections, the evaluator's models) beside
+``egress_wire_bytes``; ``downlink_payload_bytes``, the part of it that went to workers. Per
+applied update: ``up_bytes_per_update`` (ingress payload), ``down_bytes_per_update`` (downlink
+payload) and ``two_way_bytes_per_update``, their sum.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ class Counters(Protocol):
     updates: int
     applied_bytes: int
     ingress_bytes: int
+    egress_bytes: int  # every frame the server sent
+    downlink_bytes: int  # ... of which to workers
     rejections: int
     late_updates: int
     lost_to_server: int
@@ -73,6 +82,7 @@ class RunFacts:
     dataset: str | None = None
     training_started_ts: float | None = None  # trace clock; also the boot time
     payload_at_end: int | None = None  # the server's payload count when training ended
+    egress_at_end: tuple[int, int] | None = None  # the server's egress and downlink counts then
     net_marks: dict = field(default_factory=dict)  # "start"/"end" -> device -> interface counters
 
 
@@ -90,6 +100,8 @@ def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[d
     non_finite = sum(1 for r in rejections if r.get("reason") in NON_FINITE_REASONS)
     outcome, detail = judge(final, facts.classes, non_finite, s.done_reason)
     duration = facts.duration_s
+    ingress = s.ingress_bytes if facts.payload_at_end is None else facts.payload_at_end
+    egress, downlink = (s.egress_bytes, s.downlink_bytes) if facts.egress_at_end is None else facts.egress_at_end
     return {
         "run_id": facts.run_id, "name": facts.name, "status": facts.status, "error": facts.error,
         "backend": facts.backend, "method": facts.method, "rule": facts.rule,
@@ -97,7 +109,9 @@ def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[d
         "final_accuracy": final.get("accuracy"), "final_loss": final.get("loss"), "final_version": final.get("version"),
         "final_is_end_of_training": bool(s.final_accuracy),
         "updates_applied": s.updates,
-        "ingress_payload_bytes": s.ingress_bytes if facts.payload_at_end is None else facts.payload_at_end,
+        "ingress_payload_bytes": ingress,
+        "egress_payload_bytes": egress, "downlink_payload_bytes": downlink,
+        **per_update(ingress, downlink, s.updates),
         "late_payload_bytes": 0 if facts.payload_at_end is None else s.ingress_bytes - facts.payload_at_end,
         "applied_update_bytes": s.applied_bytes,
         "rejected_frames": s.rejections, "late_updates": s.late_updates, "duration_s": round(duration, 3),
@@ -112,6 +126,14 @@ def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[d
         "parameters": facts.parameters, "dataset": facts.dataset, "plan_digest": facts.plan_digest,
         **wire_bytes(facts.net_marks, facts.payload_at_end),
     }
+
+
+def per_update(up: int, down: int, updates: int) -> dict:
+    """Bytes per applied update: up (pushes), down (to workers) and both."""
+    if not updates:
+        return {"up_bytes_per_update": None, "down_bytes_per_update": None, "two_way_bytes_per_update": None}
+    return {"up_bytes_per_update": round(up / updates, 1), "down_bytes_per_update": round(down / updates, 1),
+            "two_way_bytes_per_update": round((up + down) / updates, 1)}
 
 
 def judge(final: dict, classes: int | None, non_finite: int, done_reason: str) -> tuple[str, str]:
@@ -158,4 +180,4 @@ def flag(summary: dict) -> str:
 
 
 __all__ = ["CHANCE_FACTOR", "FLAGGED", "LOSS_MARGIN", "NON_FINITE_REASONS", "WARMUP_UPDATES", "Counters", "RunFacts",
-           "flag", "judge", "summarize", "wire_bytes"]
+           "flag", "judge", "per_update", "summarize", "wire_bytes"]

@@ -21,7 +21,7 @@ from compression.dgc import warmup_density
 from compression.layout import Layout, TensorSpec
 from compression.memory import ErrorFeedback
 from compression.parts import (
-    FLAG_F16_VALUES, FLAG_RAW32_INDICES, HalfPart, LowRankPart, QuantizedPart, SignPart, SparseSignPart,
+    FLAG_F16_VALUES, FLAG_RAW32_INDICES, HalfPart, LowRankPart, QuantizedPart, SignPart, SparseLevelsPart, SparseSignPart,
     WireFormat, level_bits,
 )
 from emulator.runtime.models import get as get_model
@@ -576,6 +576,8 @@ def _sample_parts() -> dict[str, object]:
         "sign": SignPart(0.5, rng.random(n) < 0.5),
         "sparse_sign": SparseSignPart(np.array([0, 4, 5, 17, 29]), 0.75, np.array([True, False, True, True, False])),
         "sparse_sign_empty": SparseSignPart(np.zeros(0, np.int64), 0.0, np.zeros(0, bool)),
+        "sparse_levels": SparseLevelsPart(np.array([1, 2, 9, 28]), 127, 0.5, np.array([0, 127, 200, 254])),
+        "sparse_levels_empty": SparseLevelsPart(np.zeros(0, np.int64), 127, 0.0, np.zeros(0, np.int64)),
         "low_rank": LowRankPart(rng.normal(size=(6, 2)).astype(np.float32), rng.normal(size=(5, 2)).astype(np.float32)),
     }
 

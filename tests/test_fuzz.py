@@ -49,7 +49,7 @@ from compression.codec import CodecError, decode, encode
 from compression.layout import Layout, TensorSpec
 from compression.parts import (
     FLAG_F16_VALUES, FLAG_RAW32_INDICES, KNOWN_FLAGS, MAX_LEVELS, PART_KINDS, DensePart, HalfPart, LowRankPart, Part,
-    QuantizedPart, SignPart, SparsePart, SparseSignPart, write_indices,
+    QuantizedPart, SignPart, SparseLevelsPart, SparsePart, SparseSignPart, write_indices,
 )
 from emulator.runtime import protocol, rules
 from emulator.runtime.models import initial_parameters
@@ -194,7 +194,7 @@ class UpdateTarget:
 
 SIZE, SHAPE = 30, (6, 5)
 ONE = Layout((TensorSpec("m", SHAPE),))
-KINDS = ("dense", "sparse", "half", "quantized", "sign", "sparse_sign", "low_rank")
+KINDS = ("dense", "sparse", "half", "quantized", "sign", "sparse_sign", "sparse_levels", "low_rank")
 
 
 def random_part(kind: str, seed: int, size: int = SIZE, shape: tuple[int, ...] = SHAPE) -> Part:
@@ -217,6 +217,9 @@ def random_part(kind: str, seed: int, size: int = SIZE, shape: tuple[int, ...] =
         return SignPart(float(np.float32(rng.exponential())), rng.random(size) < 0.5)
     if kind == "sparse_sign":
         return SparseSignPart(indices, float(np.float32(rng.exponential())), rng.random(k) < 0.5)
+    if kind == "sparse_levels":
+        levels = int(rng.choice([1, 7, 127, MAX_LEVELS]))
+        return SparseLevelsPart(indices, levels, float(np.float32(rng.exponential())), rng.integers(0, 2 * levels + 1, size=k))
     rows, cols = shape
     rank = int(rng.integers(1, min(rows, cols, 5) + 1))
     return LowRankPart(rng.normal(size=(rows, rank)).astype(np.float32), rng.normal(size=(cols, rank)).astype(np.float32))
@@ -376,7 +379,7 @@ def float_slots(part: Part, flags: int) -> list[tuple[int, int]]:
     if isinstance(part, LowRankPart):
         count = part.p.size + part.q.size
         return [(12 + width * i, width) for i in range(count)]
-    return [({QuantizedPart: 2, SignPart: 0, SparseSignPart: 4}[type(part)], 4)]
+    return [({QuantizedPart: 2, SignPart: 0, SparseSignPart: 4, SparseLevelsPart: 6}[type(part)], 4)]
 
 
 def non_finite_bytes(value: float, width: int) -> bytes:

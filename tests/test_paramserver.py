@@ -205,7 +205,7 @@ def test_push_applies_the_rule_and_answers_with_the_model(harness):
     assert rec["t"] == 1 and rec["worker"] == 2 and rec["t0"] == 0 and rec["staleness"] == 0
     assert rec["entries"] == 3 and rec["scale"] == 1.0
     assert rec["bytes"] == HEADER.size + len(compression.encode(parts, LAYOUT))
-    assert h.server._traffic[2][:2] == [rec["bytes"], 1]
+    assert (h.server._traffic[2]["ingress_bytes"], h.server._traffic[2]["pushes"]) == (rec["bytes"], 1)
 
 
 def test_adacomp_sigma_across_workers(harness):
@@ -538,7 +538,7 @@ def test_a_run_of_non_finite_gradients_ends_training_as_diverged(monkeypatch):
                               "learning_rate": ALPHA, "max_updates": None, "bind": ["127.0.0.1", 0]}, tel)
     nan = compression.encode([DensePart(np.full(6, np.nan, np.float32)), DensePart(np.zeros(4, np.float32))], LAYOUT)
     for _ in range(3):
-        assert server.push(0, 0, memoryview(nan), len(nan)) == "non_finite"
+        assert server.push(0, 0, memoryview(nan), len(nan)).reason == "non_finite"
     assert server.done
     done = [f for f in tel.stream("events") if f["kind"] == "training_done"]
     assert len(done) == 1 and done[0]["reason"].startswith("diverged")
@@ -613,10 +613,10 @@ def test_every_refusal_for_nan_or_inf_counts_toward_divergence_and_in_the_summar
                               "learning_rate": ALPHA, "max_updates": None, "bind": ["127.0.0.1", 0]}, tel)
     huge = compression.encode([DensePart(np.full(6, 3e38, np.float32)), DensePart(np.zeros(4, np.float32))], LAYOUT)
     nan = compression.encode([DensePart(np.full(6, np.nan, np.float32)), DensePart(np.zeros(4, np.float32))], LAYOUT)
-    assert [server.push(0, t0, memoryview(huge), len(huge)) for t0 in (0, 1)] == [None, None]  # -3e38: still finite
-    reasons = [server.push(0, 2, memoryview(nan), len(nan)),
-               server.push(0, 2, memoryview(b"k 6"), 41, Flag.NON_FINITE),
-               server.push(0, 2, memoryview(huge), len(huge))]
+    assert [server.push(0, t0, memoryview(huge), len(huge)).reason for t0 in (0, 1)] == [None, None]  # -3e38: still finite
+    reasons = [server.push(0, 2, memoryview(nan), len(nan)).reason,
+               server.push(0, 2, memoryview(b"k 6"), 41, Flag.NON_FINITE).reason,
+               server.push(0, 2, memoryview(huge), len(huge)).reason]
     assert reasons == ["non_finite", "non_finite_gradient", "overflow"]
     assert server.done and server.version == 2  # three in a row: diverged
     assert set(reasons) == NON_FINITE_REASONS

@@ -411,7 +411,7 @@ def test_set_values_are_validated_like_the_file():
 def test_set_method_parameters_are_checked_by_the_compressor():
     with pytest.raises(ScenarioError) as info:
         load_with("method.k=3")
-    assert "method.k: unknown parameter for comp_c (parameters: c; also name, rule, error_feedback, wire)" in [
+    assert "method.k: unknown parameter for comp_c (parameters: c; also name, rule, error_feedback, wire, pull)" in [
         str(p) for p in info.value.problems]
 
 

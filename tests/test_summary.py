@@ -21,6 +21,7 @@ import pytest
 
 from emulator.controller import Emulation, LiveState
 from emulator.rundir import RunDirectory, read_jsonl
+from emulator.runtime.protocol import NO_WORKER
 from emulator.summary import (
     CHANCE_FACTOR, LOSS_MARGIN, NON_FINITE_REASONS, WARMUP_UPDATES, RunFacts, flag, judge, summarize, wire_bytes,
 )
@@ -38,6 +39,9 @@ SCENARIO = {  # the scenario and overrides each trace was recorded with (README)
         "training.duration=20s", "training.max_updates=300", "faults={at: [{time: 0.7s, crash: server, restart_after: 1s}]}"]),
 }
 CLASSES = 10  # every trace is of MNIST digits
+# Both directions' fields, added after the traces were recorded (their streams hold what they need).
+TWO_WAY = ("egress_payload_bytes", "downlink_payload_bytes", "up_bytes_per_update", "down_bytes_per_update",
+           "two_way_bytes_per_update")
 
 
 def streams(name: str) -> dict[str, list[dict]]:
@@ -86,13 +90,13 @@ def summary_of(name: str) -> dict:
 
 @pytest.mark.parametrize("name", CURRENT)
 def test_replayed_traces_give_the_summary_the_run_wrote(name):
-    assert_same(summary_of(name), recorded(name))
+    assert_same(summary_of(name), recorded(name), ignore=TWO_WAY)
 
 
 def test_a_summary_from_before_the_outcome_differs_only_in_the_new_fields():
     old, new = recorded("dead-before-fix"), summary_of("dead-before-fix")
     assert_same({k: new[k] for k in old}, old)
-    assert set(new) - set(old) == {"outcome", "outcome_detail", "non_finite_updates"}
+    assert set(new) - set(old) == {"outcome", "outcome_detail", "non_finite_updates", *TWO_WAY}
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -109,6 +113,13 @@ def test_counts_are_those_of_the_raw_streams(name):
     assert summary["faults"] == dict(Counter(e["action"] for e in events if e.get("kind") == "fault"))
     received = sum(r["ingress_bytes"] for r in records["traffic"])
     assert summary["ingress_payload_bytes"] + summary["late_payload_bytes"] == received
+    sent = [(r["worker"], r["egress_bytes"]) for r in records["traffic"]]
+    assert summary["egress_payload_bytes"] == sum(n for _, n in sent)
+    assert summary["downlink_payload_bytes"] == sum(n for worker, n in sent if worker != NO_WORKER) > 0
+    updates_applied = summary["updates_applied"]
+    assert summary["down_bytes_per_update"] == round(summary["downlink_payload_bytes"] / updates_applied, 1)
+    assert summary["two_way_bytes_per_update"] == pytest.approx(
+        summary["up_bytes_per_update"] + summary["down_bytes_per_update"], abs=0.11)
     final = [a for a in records["accuracy"] if a.get("final")][-1]
     assert [summary[f"final_{k}"] for k in ("accuracy", "loss", "version")] == [final[k] for k in ("accuracy", "loss", "version")]
     assert summary["diverged"] == (summary["outcome"] == "diverged")
@@ -173,7 +184,9 @@ def test_the_controller_writes_this_summary(name, tmp_path):
     emulation.payload_at_end = was["ingress_payload_bytes"]
     emulation.shards = SimpleNamespace(classes=CLASSES, source=was["dataset"])
     emulation.layout = SimpleNamespace(total=was["parameters"])
-    assert_same(emulation.summary(), was, ignore=("plan_digest",))  # the plan may change with the code
+    got = emulation.summary()
+    assert_same(got, was, ignore=("plan_digest", *TWO_WAY))  # the plan may change with the code
+    assert {k: got[k] for k in TWO_WAY} == {k: summary_of(name)[k] for k in TWO_WAY}
 
 
 # -- the outcome, rule by rule ------------------------------------------------------------

@@ -1,8 +1,11 @@
 """The parameter server: holds the model, applies pushed updates by the method's rule, serves pulls.
 
 One thread per connection; one lock around the model so an update and a snapshot never
-interleave. Every applied update is a trace row (worker, t0, staleness, bytes, entries);
-every refused frame is counted by reason and never touches the model. Training ends at
+interleave. Every applied update is a trace row (worker, t0, staleness, bytes, entries, and the
+reply: its bytes, a whole model, a delta or an ACK); every refused frame is counted by reason and
+never touches the model. A push is answered with the model, or with a delta from the version the
+worker holds when its HELLO asked for delta pulls (:mod:`.downlink`), or with an ACK when the push
+says the worker pulls later. Bytes in and out, pulls and deltas are traced per worker per second. Training ends at
 ``max_updates`` or on the controller's ``stop``: from then on every reply carries DONE. A worker
 whose gradient held NaN or Inf says so (a PUSH flagged ``NON_FINITE``); that report, non-finite
 values on the wire and updates that would overflow the model count toward divergence
@@ -18,14 +21,16 @@ import socket
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 
 import compression
 from compression.layout import Layout
 
-from . import checkpoint, probe, protocol, rules
+from . import checkpoint, downlink, probe, protocol, rules
 from .bootstrap import load_config, start
+from .downlink import Holding
 from .models import initial_parameters
 from .protocol import Flag, MsgType, ProtocolError
 from .telemetry import Telemetry
@@ -34,6 +39,14 @@ from .transport import Channel, TransportShaper, tune
 MAX_WAIT_MS = 600_000
 DIVERGED_AFTER = 50  # non-finite (or overflowing) gradients in a row, no update applied between: training has diverged
 NON_FINITE_GRADIENT = "non_finite_gradient"  # rejection reason of a worker's report
+# Per worker per second: bytes received (pushes), bytes sent (models, deltas, ACKs, rejections),
+# and of those the MODEL frames: how many, how many were deltas, their bytes.
+TRAFFIC_KEYS = ("ingress_bytes", "pushes", "egress_bytes", "pulls", "delta_pulls", "pull_bytes")
+
+
+class Pushed(NamedTuple):
+    reason: str | None  # why the push was refused; None when applied (or late)
+    row: dict | None = None  # the applied update's trace row
 
 
 class ParameterServer:
@@ -54,7 +67,7 @@ class ParameterServer:
         self.done = False
         self.cond = threading.Condition()
         self._snapshot: tuple[int, bytes] | None = None
-        self._traffic: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0, 0])
+        self._traffic: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
         self.rejections: collections.Counter = collections.Counter()
         self._owners: dict[int, Channel] = {}  # worker id -> its latest connection
         self._non_finite_in_a_row = 0
@@ -80,6 +93,7 @@ class ParameterServer:
             elif at_crash:
                 self.tel.event("restored", version=0, version_at_crash=at_crash, lost=at_crash)
             self.mark.set(self.version)
+        self.changes = downlink.ChangeLog(self.layout.total, self.version)  # for delta pulls; starts at a restored version
         self.tel.on_control(self.control)
 
     # -- model access (all under self.cond) -----------------------------------------------
@@ -116,10 +130,11 @@ class ParameterServer:
 
     # -- request handling -----------------------------------------------------------------
 
-    def push(self, worker: int, t0: int, body: memoryview, frame_bytes: int, flags: int = 0) -> str | None:
-        """Decode and apply one update; returns a rejection reason or None."""
+    def push(self, worker: int, t0: int, body: memoryview, frame_bytes: int, flags: int = 0) -> Pushed:
+        """Decode and apply one update: the rejection reason or None, and the applied update's
+        trace row (recorded once its reply is known, :meth:`trace_update`)."""
         if flags & Flag.NON_FINITE:
-            return self.non_finite_report(worker, body, frame_bytes)
+            return Pushed(self.non_finite_report(worker, body, frame_bytes))
         start = time.perf_counter()
         try:
             parts = compression.decode(body, self.layout)
@@ -127,27 +142,28 @@ class ParameterServer:
             self.reject(exc.reason, worker, str(exc))
             if exc.reason == "non_finite":
                 self._diverging()
-            return exc.reason
+            return Pushed(exc.reason)
         decoded = time.perf_counter()
         with self.cond:
             traffic = self._traffic[worker]
-            traffic[0] += frame_bytes
-            traffic[1] += 1
+            traffic["ingress_bytes"] += frame_bytes
+            traffic["pushes"] += 1
             if self.done:
                 self.reject("late", worker, "update arrived after training ended")
-                return None
+                return Pushed(None)
             staleness = self.version - t0
             if staleness < 0:
                 self.reject("future_version", worker, f"t0={t0} > t={self.version}")
-                return "future_version"
+                return Pushed("future_version")
             try:
                 applied = self.rule.apply(self.params, parts, worker, staleness)
             except rules.RuleError as exc:
                 self.reject(exc.reason, worker, str(exc))
                 if exc.reason == "overflow":
                     self._diverging()
-                return exc.reason
+                return Pushed(exc.reason)
             self.version += 1
+            self.changes.record(applied.targets, self.version)
             if self.mark is not None:
                 self.mark.set(self.version)
             self._non_finite_in_a_row = 0
@@ -159,20 +175,19 @@ class ParameterServer:
                 self.checkpointer.write_async(version, self.params.copy(), state)
             self.cond.notify_all()
         done = time.perf_counter()
-        self.tel.record(
-            "updates", t=version, worker=worker, t0=t0, staleness=staleness, bytes=frame_bytes,
+        return Pushed(None, dict(
+            t=version, worker=worker, t0=t0, staleness=staleness, bytes=frame_bytes,
             entries=applied.entries, scale=round(applied.mean_scale, 6),
             **({} if applied.mean_sigma is None else {"sigma": round(applied.mean_sigma, 4)}),
             decode_us=int((decoded - start) * 1e6), apply_us=int((done - decoded) * 1e6),
-        )
-        return None
+        ))
 
     def non_finite_report(self, worker: int, body: memoryview, frame_bytes: int) -> str | None:
         """A worker's gradient held NaN or Inf (``body`` says where): refused, counted toward divergence."""
         with self.cond:
             traffic = self._traffic[worker]
-            traffic[0] += frame_bytes
-            traffic[1] += 1
+            traffic["ingress_bytes"] += frame_bytes
+            traffic["pushes"] += 1
             if self.done:
                 self.reject("late", worker, "report arrived after training ended")
                 return None
@@ -186,21 +201,68 @@ class ParameterServer:
         if self._non_finite_in_a_row >= DIVERGED_AFTER:
             self.finish(f"diverged: {DIVERGED_AFTER} non-finite gradients in a row")
 
-    def pull(self, worker: int, min_version: int = 0, max_wait_s: float = 0.0) -> tuple[int, bytes, bool]:
+    def pull(self, worker: int, holding: Holding | None = None, min_version: int = 0,
+             max_wait_s: float = 0.0) -> tuple[downlink.Reply, bool]:
+        """The model for ``worker``: whole, or for a delta connection (``holding``) what changed
+        since the version it holds; and whether training is over."""
         self.training.wait()
         with self.cond:
             if min_version > self.version and not self.done and max_wait_s > 0:
                 self.cond.wait_for(lambda: self.done or self.version >= min_version, timeout=max_wait_s)
-            version, data = self._model_bytes()
+            done = self.done
+            if holding is None:
+                version, data = self._model_bytes()
+                reply, changed = downlink.Reply(version, data), None
+            else:
+                base = holding.version
+                reply, changed = downlink.prepare(holding, self.params, self.version, self.changes, self.layout,
+                                                  lambda: self._model_bytes()[1])
             if worker != protocol.NO_WORKER:
-                self.rule.on_pull(worker)
-            return version, data, self.done
+                self.rule.on_pull(worker, reply.version, None if changed is None else (base, changed))
+        if holding is not None:
+            downlink.finish(reply, holding, self.layout)  # encoding outside the lock
+        return reply, done
 
-    def send_model(self, channel: Channel, worker: int, **pull_args) -> None:
-        version, data, done = self.pull(worker, **pull_args)
-        sent = channel.send(MsgType.MODEL, data, t0=version, flags=Flag.DONE if done else 0)
+    def send_model(self, channel: Channel, worker: int, holding: Holding | None = None, row: dict | None = None,
+                   **pull_args) -> None:
+        """Send the model (or a delta) to ``worker``; ``row``, an update's trace row, is recorded with the reply's size."""
+        reply, done = self.pull(worker, holding, **pull_args)
+        if row is not None:
+            self.trace_update(row, protocol.HEADER.size + len(reply.body), reply)
+        sent = channel.send(MsgType.MODEL, reply.body, t0=reply.version, flags=reply.flags | (Flag.DONE if done else 0))
         with self.cond:
-            self._traffic[worker][2] += sent
+            traffic = self._traffic[worker]
+            traffic["egress_bytes"] += sent
+            traffic["pull_bytes"] += sent
+            traffic["pulls"] += 1
+            traffic["delta_pulls"] += bool(reply.flags & Flag.DELTA)
+
+    def send_ack(self, channel: Channel, worker: int, row: dict | None) -> None:
+        """Answer a push whose worker pulls later: the version its update made, no model."""
+        with self.cond:
+            version, done = self.version, self.done
+        if row is not None:
+            self.trace_update(row, protocol.HEADER.size, None)
+        sent = channel.send(MsgType.ACK, t0=version, flags=Flag.DONE if done else 0)
+        with self.cond:
+            self._traffic[worker]["egress_bytes"] += sent
+
+    def send_reject(self, channel: Channel, worker: int, reason: str) -> None:
+        sent = channel.send(MsgType.REJECT, protocol.json_body({"reason": reason}))
+        with self.cond:
+            self._traffic[worker]["egress_bytes"] += sent
+
+    def trace_update(self, row: dict, reply_bytes: int, reply: downlink.Reply | None) -> None:
+        """One applied update's row, with its reply: bytes, and ``model`` (whole), ``delta`` (from
+        version ``reply_base``, ``reply_entries`` coordinates) or ``ack``."""
+        if reply is None:
+            row.update(reply="ack", reply_bytes=reply_bytes)
+        elif reply.flags & Flag.DELTA:
+            row.update(reply="delta", reply_bytes=reply_bytes, reply_entries=reply.entries,
+                       reply_base=None if reply.base == downlink.WHOLE else reply.base)
+        else:
+            row.update(reply="model", reply_bytes=reply_bytes)
+        self.tel.record("updates", **row)
 
     def answer_probe(self, channel: Channel) -> None:
         """Fidelity probes (before or during training): echo, measure an upload, send a download."""
@@ -224,6 +286,7 @@ class ParameterServer:
     def serve_connection(self, sock: socket.socket, peer) -> None:
         channel = Channel(sock, self.token, self.shaper, self.max_body)
         worker = protocol.NO_WORKER
+        holding = None  # what a delta-pulling worker holds
         awaiting_push = False  # a worker that dies now loses the step it was computing
         try:
             header, body = channel.recv()
@@ -238,6 +301,7 @@ class ParameterServer:
                     raise ProtocolError("bad_hello", f"worker id {hello.get('worker')!r}") from None
                 if not 0 <= worker < protocol.NO_WORKER:
                     raise ProtocolError("bad_hello", f"worker id {worker} out of range")
+                holding = downlink.parse_hello(hello.get("pull"))
                 with self.cond:
                     self._owners[worker] = channel  # a restarted worker supersedes its old connection
             channel.worker = worker
@@ -254,15 +318,19 @@ class ParameterServer:
                     if worker == protocol.NO_WORKER:
                         raise ProtocolError("push_from_non_worker")
                     awaiting_push = False
-                    reason = self.push(worker, header.t0, body, protocol.HEADER.size + header.length, header.flags)
+                    reason, row = self.push(worker, header.t0, body, protocol.HEADER.size + header.length, header.flags)
                     if reason:
-                        channel.send(MsgType.REJECT, protocol.json_body({"reason": reason}))
+                        self.send_reject(channel, worker, reason)
                         continue
-                    self.send_model(channel, worker)
+                    if header.flags & Flag.NO_MODEL:
+                        self.send_ack(channel, worker, row)
+                    else:
+                        self.send_model(channel, worker, holding, row)
                     awaiting_push = True
                 elif header.type == MsgType.PULL:
                     wait_ms = int.from_bytes(body[:4], "little") if len(body) >= 4 else 0
-                    self.send_model(channel, worker, min_version=header.t0, max_wait_s=min(wait_ms, MAX_WAIT_MS) / 1000)
+                    self.send_model(channel, worker, holding, min_version=header.t0,
+                                    max_wait_s=min(wait_ms, MAX_WAIT_MS) / 1000)
                     awaiting_push = worker != protocol.NO_WORKER
                 else:
                     raise ProtocolError("unexpected", f"{header.type.name} from a device")
@@ -295,11 +363,11 @@ class ParameterServer:
             self._flush_now.wait(1.0)
             self._flush_now.clear()
             with self.cond:
-                traffic, self._traffic = self._traffic, collections.defaultdict(lambda: [0, 0, 0])
+                traffic, self._traffic = self._traffic, collections.defaultdict(collections.Counter)
                 version, done = self.version, self.done
                 rejections = dict(self.rejections)
-            for worker, (ingress, pushes, egress) in sorted(traffic.items()):
-                self.tel.record("traffic", worker=worker, ingress_bytes=ingress, pushes=pushes, egress_bytes=egress)
+            for worker, counts in sorted(traffic.items()):
+                self.tel.record("traffic", worker=worker, **{key: counts[key] for key in TRAFFIC_KEYS})
             self.tel.record("server", version=version, done=done, rejections=rejections)
 
     def serve(self) -> None:

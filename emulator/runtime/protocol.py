@@ -29,11 +29,12 @@ class MsgType(enum.IntEnum):
     HELLO = 1  # device -> server: JSON {role, worker, incarnation}
     WELCOME = 2  # server -> device: JSON {version, layout}
     PULL = 3  # device -> server: t0 = wait until the model reaches this version; body u32 max wait ms
-    MODEL = 4  # server -> device: t0 = version; body = float32 parameters
+    MODEL = 4  # server -> device: t0 = version; body = float32 parameters (flagged DELTA: see downlink)
     PUSH = 5  # worker -> server: t0 = version the gradient was computed on; body = codec message
     REJECT = 6  # server -> device: JSON {reason}
     PROBE = 7  # device -> server: t0 = mode (1 up: body is the bulk; 2 down: body u32 bytes wanted; 3 ping)
     PROBE_REPLY = 8  # server -> device: up: JSON {bytes, seconds, rate_bps}; down: the bulk; ping: empty
+    ACK = 9  # server -> worker: t0 = version after a push flagged NO_MODEL was applied; no body
     TRACE = 16  # device -> controller: JSON {stream, records}
     CONTROL = 17  # controller -> device: JSON command
 
@@ -42,6 +43,9 @@ class Flag(enum.IntFlag):
     NONE = 0
     DONE = 0x1  # server: training is over; the device should finish and exit
     NON_FINITE = 0x2  # worker, on a PUSH: its gradient held NaN or Inf; the body names the tensors (UTF-8)
+    DELTA = 0x4  # server, on a MODEL: the body is u64 base version + a codec message of the coordinates that changed
+    INCREMENT = 0x8  # server, on a MODEL with DELTA: the message's values are added to the worker's, not put in place
+    NO_MODEL = 0x10  # worker, on a PUSH: answer with an ACK, not the model (pull every m pushes)
 
 
 class ProtocolError(Exception):

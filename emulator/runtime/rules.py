@@ -8,8 +8,9 @@
 is how many of those ``d`` updates touched coordinate ``i``. AdaComp keeps a touch counter
 per coordinate and, at each pull, a copy of it for that worker, so
 ``sigma_i = touches_now[i] - touches_at_pull[i]``: O(k) per update whatever ``d`` or the
-length of the run (the copy at a pull costs the same order as shipping the model).
-Counters are uint32; their difference is exact modulo 2**32.
+length of the run. The copy at a pull costs the same order as shipping the model; when the
+server knows which coordinates changed since the worker's previous pull (it does for delta
+pulls) only those are copied. Counters are uint32; their difference is exact modulo 2**32.
 
 Every rule computes all of an update's new values first and writes them only if every one is
 finite: finite gradients can still overflow float32 (a huge step, or many of them), and an
@@ -20,7 +21,7 @@ update that would make a parameter infinite is refused whole (:class:`RuleError`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -40,6 +41,7 @@ class Applied:
     entries: int  # coordinates updated
     mean_scale: float  # mean of the per-coordinate learning-rate divisor's inverse (1 = full step)
     mean_sigma: float | None = None  # AdaComp: mean over the pushed coordinates of the updates that touched them since the pull
+    targets: list = field(default_factory=list, repr=False)  # where the update wrote: slices or flat index arrays
 
 
 class UpdateRule(ABC):
@@ -49,8 +51,10 @@ class UpdateRule(ABC):
         self.layout = layout
         self.learning_rate = float(learning_rate)
 
-    def on_pull(self, worker: int) -> None:
-        """A worker has just taken the current model (called under the server's lock)."""
+    def on_pull(self, worker: int, version: int | None = None, changed: tuple[int, np.ndarray] | None = None) -> None:
+        """A worker has just taken the model at ``version`` (called under the server's lock);
+        ``changed``, when the server knows it, is ``(v, indices)``: the flat indices of the
+        coordinates that updates after version ``v`` wrote."""
 
     def forget(self, worker: int) -> None:
         """A worker is gone; drop what was kept for it."""
@@ -67,6 +71,7 @@ class UpdateRule(ABC):
         for target, values in new:
             params[target] = values
         self.committed(targets)
+        applied.targets = targets
         return applied
 
     @abstractmethod
@@ -119,16 +124,22 @@ class AdaComp(UpdateRule):
         super().__init__(layout, learning_rate)
         self.touches = np.zeros(layout.total, np.uint32)
         self.at_pull: dict[int, np.ndarray] = {}
+        self.pulled_version: dict[int, int | None] = {}  # the version of each copy in at_pull
 
-    def on_pull(self, worker):
+    def on_pull(self, worker, version=None, changed=None):
         snapshot = self.at_pull.get(worker)
         if snapshot is None:
             self.at_pull[worker] = self.touches.copy()
+        elif changed is not None and version is not None and self.pulled_version.get(worker) == changed[0]:
+            indices = changed[1]  # only these were touched since the copy was taken
+            snapshot[indices] = self.touches[indices]
         else:
             np.copyto(snapshot, self.touches)
+        self.pulled_version[worker] = version
 
     def forget(self, worker):
         self.at_pull.pop(worker, None)
+        self.pulled_version.pop(worker, None)
 
     def steps(self, parts, worker, staleness):
         snapshot = self.at_pull.get(worker)
@@ -155,6 +166,7 @@ class AdaComp(UpdateRule):
         if "touches" in state:
             self.touches = np.asarray(state["touches"], np.uint32).copy()
         self.at_pull.clear()
+        self.pulled_version.clear()
 
 
 RULES: dict[str, type[UpdateRule]] = {cls.name: cls for cls in (Plain, Staleness, AdaComp)}

@@ -1,6 +1,10 @@
 """A worker device: pull the model, compute a gradient on its own shard, compress it, push it.
 
-The push is answered with the new model, so a step costs one round trip. Per-second step
+The push is answered with the new model, so a step costs one round trip: the whole model, or
+with ``pull: {mode: delta}`` what changed since the version this worker holds (its
+:class:`~.downlink.ModelCopy` applies it). With ``pull: {every: m}`` only every m-th push asks
+for the model; the others are answered with an ACK and the next gradient is computed on the
+model this worker already holds (stale by its own pushes and everyone else's). Per-second step
 statistics (compute, compression, waiting on the network) go to the controller as traces.
 A gradient with NaN or Inf is not compressed (a selection would silently trim it): the push
 is a short report flagged ``NON_FINITE`` instead, which the server refuses and counts toward
@@ -23,6 +27,7 @@ from compression.layout import Layout
 from . import probe, protocol
 from .bootstrap import limit_threads, run_device
 from .data import BatchSampler, load_shard
+from .downlink import ModelCopy, PullConfig
 from .protocol import Flag, MsgType
 from .transport import Channel, TransportShaper, open_session
 
@@ -59,6 +64,7 @@ class StepStats:
         self.compute_s = self.compress_s = self.network_s = self.loss = 0.0
         self.compute_cpu_s = self.compress_cpu_s = 0.0
         self.bytes = 0
+        self.pulls = self.pull_bytes = 0  # MODEL frames received (whole or delta) and their bytes
         self.rejected = 0
         self.non_finite = 0  # steps whose gradient held NaN or Inf (reported, not pushed)
 
@@ -66,6 +72,7 @@ class StepStats:
         n = max(1, self.steps)
         return {
             "steps": self.steps, "rejected": self.rejected, "non_finite": self.non_finite, "push_bytes": self.bytes,
+            "pulls": self.pulls, "pull_bytes": self.pull_bytes,
             "compute_ms": round(1000 * self.compute_s / n, 3), "compress_ms": round(1000 * self.compress_s / n, 3),
             "network_ms": round(1000 * self.network_s / n, 3), "loss": round(self.loss / n, 5),
             # CPU time of the process: under a CPU quota the wall times above also hold the waits
@@ -84,6 +91,8 @@ def run(cfg: dict, tel) -> int:
     layout = model.layout
     seed = int(cfg["seed"])
     compressor, wire = build_compressor(cfg["method"], layout, seed)
+    pull = PullConfig.from_json(cfg["method"].get("pull"))
+    copy = ModelCopy(layout)
     sampler = BatchSampler(x, y, cfg["batch_size"], seed)
     shaper = TransportShaper.from_config(cfg.get("transport"), seed)
     token = bytes.fromhex(cfg["token"])
@@ -109,7 +118,7 @@ def run(cfg: dict, tel) -> int:
     tel.on_control(on_control)
     splits = np.array(layout.offsets[1:])
 
-    hello = {"role": "worker", "worker": index, "incarnation": cfg.get("incarnation", 0)}
+    hello = {"role": "worker", "worker": index, "incarnation": cfg.get("incarnation", 0), "pull": pull.hello()}
 
     def join() -> Channel:
         """Connect and introduce ourselves; the server's model must be ours."""
@@ -126,6 +135,7 @@ def run(cfg: dict, tel) -> int:
     header, body = channel.recv(keep_buffer=True)
 
     stats, last_report = StepStats(), time.monotonic()
+    since_pull = 0  # pushes since the model was last received
     while not header.flags & Flag.DONE:
         try:
             if header.type == MsgType.REJECT:
@@ -134,14 +144,23 @@ def run(cfg: dict, tel) -> int:
                 channel.send(MsgType.PULL)
                 header, body = channel.recv(keep_buffer=True)
                 continue
-            version = header.t0
-            params = np.frombuffer(body, dtype="<f4")
+            if header.type == MsgType.MODEL:
+                copy.receive(header.t0, header.flags, body)
+                stats.pulls += 1
+                stats.pull_bytes += protocol.HEADER.size + header.length
+                since_pull = 0
+            elif header.type != MsgType.ACK:
+                raise protocol.ProtocolError("unexpected", f"{header.type.name} from the server")
+            version, params = copy.version, copy.params
             t_start, c_start = time.perf_counter(), time.process_time()
             xb, yb = sampler.next()
             loss, grad = model.gradient(params, xb, yb)
             t_grad, c_grad = time.perf_counter(), time.process_time()
             message, flags = push_body(compressor, np.split(grad, splits), layout, wire)
             t_comp, c_comp = time.perf_counter(), time.process_time()
+            since_pull += 1
+            if since_pull < pull.every:
+                flags |= Flag.NO_MODEL
             stats.bytes += channel.send(MsgType.PUSH, message, t0=version, flags=flags)
             stats.non_finite += bool(flags & Flag.NON_FINITE)
             header, body = channel.recv(keep_buffer=True)

@@ -1,0 +1,186 @@
+"""The model's way down: what a pull sends, what the server keeps to build it, what the worker does with it.
+
+A worker says in its HELLO how it pulls (``{"mode": "dense" | "delta", "values": "f32" | "f16" |
+"q8"}``; ``every`` stays with the worker: it flags the pushes whose reply is an ACK).
+
+- ``dense``: the MODEL frame's body is the float32 model, as always.
+- ``delta``: the body (flagged ``DELTA``) is the version the delta starts from (u64) and a codec
+  message of the coordinates that changed since then (:mod:`compression.delta`), or the float32
+  model when that is no larger. The server never trusts a version a worker claims: it builds on
+  the version it last sent on that connection (:class:`Holding`), so a restarted or reconnected
+  worker, or one whose version predates the server's log (a restored checkpoint), gets the model
+  whole.
+
+What the server keeps, bounded: one :class:`ChangeLog` (per coordinate the version that last
+changed it, 4 bytes per parameter: 1.7 MB for the paper's CNN), per delta connection the
+version it holds, and per ``q8`` connection that worker's exact copy (4 bytes per parameter,
+freed when the connection ends).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+import compression
+from compression import delta
+from compression.layout import Layout
+
+from .protocol import Flag, ProtocolError
+
+BASE = struct.Struct("<Q")  # the version a delta starts from
+WHOLE = 2**64 - 1  # base of a delta whose every tensor is whole: it applies to any copy
+PULL_MODES = ("dense", "delta")
+
+
+@dataclass(frozen=True)
+class PullConfig:
+    """How a worker takes the model (the method's ``pull`` setting)."""
+
+    mode: str = "dense"  # dense | delta
+    values: str = "f32"  # delta values: f32 (lossless) | f16 | q8
+    every: int = 1  # pull once every this many pushes
+
+    def __post_init__(self):
+        if self.mode not in PULL_MODES:
+            raise ValueError(f"unknown pull mode {self.mode!r}; known: {', '.join(PULL_MODES)}")
+        delta.values_format(self.values)
+        if self.every < 1:
+            raise ValueError(f"pull every {self.every} pushes: must be at least 1")
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> "PullConfig":
+        data = data or {}
+        return cls(str(data.get("mode", "dense")), str(data.get("values", "f32")), int(data.get("every", 1)))
+
+    def hello(self) -> dict:
+        """What the server needs to know, for the worker's HELLO."""
+        return {"mode": self.mode, "values": self.values}
+
+
+class ChangeLog:
+    """Per coordinate, the version that last changed it: which coordinates a worker holding
+    version ``v`` lacks (those changed after ``v``), for any ``v`` since the log began."""
+
+    def __init__(self, total: int, version: int = 0):
+        self.changed_at = np.zeros(total, np.uint32)
+        self.start = version  # the log knows every change after this version
+
+    def record(self, targets, version: int) -> None:
+        """The update that made ``version`` wrote ``targets`` (slices or flat index arrays)."""
+        for target in targets:
+            self.changed_at[target] = version
+
+    def since(self, version: int | None) -> np.ndarray | None:
+        """Sorted flat indices changed after ``version``; None when the log cannot tell."""
+        if version is None or version < self.start:
+            return None
+        return np.flatnonzero(self.changed_at > version)
+
+
+class Holding:
+    """What one delta connection's worker holds, as the server knows it (it sent it)."""
+
+    def __init__(self, values: str):
+        self.fmt = delta.values_format(values)
+        self.version: int | None = None
+        self.reference: np.ndarray | None = None  # q8: the worker's exact copy
+
+
+def parse_hello(pull) -> Holding | None:
+    """The HELLO's ``pull`` -> a :class:`Holding` for delta pulls, None for dense ones."""
+    if pull is None:
+        return None
+    try:
+        config = PullConfig.from_json(pull)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError("bad_hello", f"pull {pull!r}: {exc}") from None
+    return Holding(config.values) if config.mode == "delta" else None
+
+
+@dataclass
+class Reply:
+    """One MODEL frame for a worker, and what to trace about it."""
+
+    version: int
+    body: bytes | memoryview = b""
+    flags: int = 0
+    base: int | None = None  # the version a delta starts from (WHOLE: every tensor whole); None: the raw model
+    entries: int | None = None  # coordinates a delta carries
+    selection: list | None = None  # a delta still to build: per tensor, local indices or None (whole)
+    values: list | None = None  # ... and the model's values there, read under the lock
+
+
+def prepare(holding: Holding, params: np.ndarray, version: int, log: ChangeLog, layout: Layout,
+            snapshot) -> tuple[Reply, np.ndarray | None]:
+    """Under the server's lock: what ``holding``'s worker gets at ``version``, and the coordinates
+    changed since the version it holds (None when unknown). Reads only what changed; the whole
+    model (``snapshot()``, the raw float32 bytes) when the worker holds nothing the log can build
+    on or the delta would be no smaller."""
+    fmt = holding.fmt
+    changed = log.since(holding.version)
+    if changed is not None:
+        selection, size = delta.select(fmt, layout, changed)
+        if BASE.size + size < 4 * layout.total:
+            return Reply(version, base=holding.version, entries=int(changed.size), selection=selection,
+                         values=delta.take(params, layout, selection)), changed
+    if fmt.whole_model:
+        selection = delta.whole(layout)
+        return Reply(version, base=WHOLE, entries=int(layout.total), selection=selection,
+                     values=delta.take(params, layout, selection)), changed
+    return Reply(version, body=snapshot()), changed
+
+
+def finish(reply: Reply, holding: Holding, layout: Layout) -> Reply:
+    """Outside the lock: encode a prepared delta; the holding now holds what the reply carries."""
+    fmt = holding.fmt
+    if reply.selection is None:
+        if fmt.keeps_reference:
+            holding.reference = np.frombuffer(reply.body, dtype="<f4").copy()
+    else:
+        if fmt.keeps_reference and holding.reference is None:
+            raise AssertionError("an increment for a worker whose copy the server does not hold")
+        parts = delta.parts(fmt, layout, reply.selection, reply.values, holding.reference)
+        reply.body = BASE.pack(reply.base) + delta.message(fmt, layout, parts)
+        reply.flags = Flag.DELTA | (Flag.INCREMENT if fmt.increments else 0)
+        if fmt.keeps_reference:
+            delta.apply(holding.reference, parts, layout, increments=True)
+        reply.selection = reply.values = None
+    holding.version = reply.version
+    return reply
+
+
+class ModelCopy:
+    """The worker's copy of the model, brought up to date by each MODEL frame."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self.params = np.zeros(layout.total, np.float32)
+        self.version: int | None = None
+
+    def receive(self, version: int, flags: int, body) -> np.ndarray:
+        """Apply one MODEL frame; returns the parameters (owned by this copy)."""
+        if flags & Flag.DELTA:
+            if len(body) < BASE.size:
+                raise ProtocolError("bad_delta", "delta shorter than its base version")
+            (base,) = BASE.unpack_from(body, 0)
+            if base != WHOLE and base != self.version:
+                raise ProtocolError("bad_delta", f"a delta from version {base}; this copy holds {self.version}")
+            try:
+                parts = compression.decode(memoryview(body)[BASE.size :], self.layout)
+            except compression.CodecError as exc:
+                raise ProtocolError("bad_delta", str(exc)) from None
+            delta.apply(self.params, parts, self.layout, bool(flags & Flag.INCREMENT))
+        else:
+            model = np.frombuffer(body, dtype="<f4")
+            if model.size != self.params.size:
+                raise ProtocolError("bad_model", f"{model.size} parameters, the model has {self.params.size}")
+            np.copyto(self.params, model)
+        self.version = version
+        return self.params
+
+
+__all__ = ["BASE", "ChangeLog", "Holding", "ModelCopy", "PULL_MODES", "PullConfig", "Reply", "WHOLE", "finish", "parse_hello",
+           "prepare"]
