@@ -230,6 +230,7 @@ class FakeEmulation:
 
     ran: list[tuple[str, int]] = []
     fail: set[str] = set()
+    interrupt: set[str] = set()
 
     def __init__(self, plan, backend, rundir, **kwargs):
         self.plan, self.rundir = plan, rundir
@@ -240,6 +241,9 @@ class FakeEmulation:
         if path.name in FakeEmulation.fail:
             (path / "summary.json").write_text(json.dumps({"status": "failed", "seed": self.plan.seed}))
             raise RuntimeError("boom")
+        if path.name in FakeEmulation.interrupt:  # Ctrl-C: the run tears down and says so
+            (path / "summary.json").write_text(json.dumps({"status": "interrupted", "seed": self.plan.seed}))
+            return {"status": "interrupted"}
         accuracy = 0.5 + (self.plan.seed % 7) / 100 + (0.2 if "adacomp" in path.name else 0.0)
         sizes = [40] * 4 if "adacomp" in path.name else [1000] * 4
         fake_run(path, "topk" if "adacomp" in path.name else "dense", sizes, [(0, 0.1), (4, accuracy)], seed=self.plan.seed)
@@ -250,7 +254,7 @@ class FakeEmulation:
 def fake_emulation(monkeypatch):
     import emulator.controller
 
-    FakeEmulation.ran, FakeEmulation.fail = [], set()
+    FakeEmulation.ran, FakeEmulation.fail, FakeEmulation.interrupt = [], set(), set()
     monkeypatch.setattr(emulator.controller, "Emulation", FakeEmulation)
     return FakeEmulation
 
@@ -293,6 +297,21 @@ def test_a_rerun_into_the_directory_reuses_completed_runs(tiny_scenario, tmp_pat
     assert (directory / ".attempts" / "02-adacomp-r1.1" / "summary.json").exists()
     again = json.loads((directory / "compare.json").read_text())
     assert again["pairs"][0]["left_out"] == [] and again["pairs"][0]["final_accuracy"]["n"] == 2
+
+
+def test_an_interrupted_comparison_reports_the_whole_pairs_it_has(tiny_scenario, tmp_path, fake_emulation):
+    from emulator.compare import compare
+
+    fake_emulation.interrupt = {"01-asgd-r1"}
+    with pytest.raises(KeyboardInterrupt):
+        compare(tiny_scenario, ["asgd", "adacomp"], tmp_path, repeat=3, directory=tmp_path / "cmp", say=lambda _: None)
+    assert [name for name, _ in fake_emulation.ran] == ["01-asgd-r0", "02-adacomp-r0", "01-asgd-r1"]
+    report = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert [(r["method"], r["repeat"], r["status"]) for r in report["methods"]] == [
+        ("asgd", 0, "completed"), ("adacomp", 0, "completed"), ("asgd", 1, "interrupted")]
+    (pair,) = report["pairs"]
+    assert pair["final_accuracy"]["n"] == 1 and pair["repeats"] == 2
+    assert pair["left_out"] == [{"repeat": 1, "why": "asgd interrupted, adacomp not run"}]
 
 
 def test_a_directory_holding_another_plan_is_refused(tiny_scenario, tmp_path, fake_emulation):
