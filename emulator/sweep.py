@@ -463,6 +463,11 @@ def run_sweep(sweep: Sweep, directory: str | Path, *, jobs: int | None = None, r
         wait(list(futures))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        # A Ctrl-C inside pool.submit, after its thread started but before the pool listed it, leaves
+        # a run the shutdown does not wait for: wait for it too, so its status is its own.
+        for thread in threading.enumerate():
+            if thread.name.startswith("sweep") and thread is not threading.current_thread():
+                thread.join()
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
         with state.lock:
