@@ -28,7 +28,6 @@ FAULT_COLORS = {
     "crash": "#d62728", "restart": "#2ca02c", "pause": "#ff7f0e", "resume": "#bcbd22",
     "partition": "#9467bd", "heal": "#17becf", "cpus": "#8c564b", "link": "#7f7f7f",
 }
-REPETITION_STYLES = ("-", "--", ":", "-.")  # several runs under one label (repetitions): one colour, these styles
 class DistinctEng(EngFormatter):
     """SI-prefixed tick labels with as few decimals as keep neighbouring ticks apart: 8.6 MB and
     9.0 MB, never "9 MB, 9 MB" for ticks that differ."""
@@ -103,12 +102,13 @@ def _accuracy(curves, x: str, title: str, xlabel: str, log_x: bool = False) -> F
     fig, ax = _figure(title)
     for i, (label, tables) in enumerate(drawn):
         color = f"C{i % 10}"
-        for j, table in enumerate(tables):
-            rows = table.dropna(subset=[x, "accuracy"]).sort_values(x)
-            if log_x:
-                rows = rows[rows[x] > 0]
-            ax.plot(rows[x], rows["accuracy"], marker="o", markersize=3, linewidth=1.4, color=color,
-                    linestyle=REPETITION_STYLES[j % len(REPETITION_STYLES)], label=label if j == 0 else None)
+        if len(tables) > 1:  # repetitions: their mean and its 95 % band, not one line each
+            mean_band(ax, tables, x, "accuracy", label=label, color=color, log_x=log_x)
+            continue
+        rows = tables[0].dropna(subset=[x, "accuracy"]).sort_values(x)
+        if log_x:
+            rows = rows[rows[x] > 0]
+        ax.plot(rows[x], rows["accuracy"], marker="o", markersize=3, linewidth=1.4, color=color, label=label)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy")
     ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))

@@ -432,3 +432,16 @@ def test_a_categorical_sweep_axis_has_points_not_lines():
     fig = sweep_metric(agg, "workers[0].cpus", "final_accuracy")
     means = [line for line in fig.axes[0].get_lines() if line.get_marker() == "o"]
     assert means and all(line.get_linestyle() == "None" for line in means)
+
+
+def test_repetitions_under_one_label_are_a_mean_line_and_a_band():
+    from matplotlib.collections import PolyCollection
+
+    from analysis.figures import accuracy_vs_updates
+
+    runs = [pd.DataFrame({"version": [0, 50, 100], "accuracy": [0.1, 0.5 + d, 0.7 + d]}) for d in (0.0, 0.02, 0.05)]
+    fig = accuracy_vs_updates({"adacomp": runs, "asgd": [runs[0]]})
+    ax = fig.axes[0]
+    assert len([c for c in ax.collections if isinstance(c, PolyCollection)]) == 1  # one band, for the repeated method
+    labels = [line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")]
+    assert sorted(labels) == ["adacomp (mean of 3)", "asgd"]
