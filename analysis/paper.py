@@ -41,7 +41,7 @@ PAPER_RATIO = 191.0
 # Dense ASGD at the paper's alpha = 0.1 diverges on this CNN here (docs/REPRODUCTION.md); the
 # same ASGD at half the step is the reference the ratios are taken against when it does.
 ASGD_HALF_STEP = "asgd:training.learning_rate=0.05"
-MAKE_TARGETS = {"full": "`make figures` or ", "fast": "`make figures FAST=1` or "}
+MAKE_TARGETS = {"full": "`make figures` or ", "fast": "`make figures FAST=1` or ", "paper": "`make figures PROFILE=paper` or "}
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,13 @@ class Profile:
     crash_rates: tuple[str, ...] = ("0", "60", "240")
     crash_overrides: tuple[str, ...] = ()
     all_overrides: tuple[str, ...] = field(default=())
+    repeat: int = 1  # paired repetitions of the methods comparison (the same seeds for every method)
+    sweep_repeat: int = 1  # repetitions of each sweep point
+    # Comp-c against AdaComp at each of these worker counts: where staleness lives (none: skipped).
+    staleness_workers: tuple[int, ...] = ()
+    staleness_methods: tuple[str, ...] = ("comp_c:c=0.01", "adacomp:c=0.01")
+    staleness_overrides: tuple[str, ...] = ()
+    staleness_repeat: int = 2
 
 
 PROFILES = {
@@ -70,6 +77,25 @@ PROFILES = {
         heterogeneity=("0.15", "[0.05, 0.05, 0.05, 0.45]"),
         heterogeneity_overrides=("training.duration=45s", "workers[0].count=4"),
         crash_rates=("0", "240"), crash_overrides=("training.duration=45s", "workers[0].count=4"),
+        staleness_workers=(2, 4), staleness_overrides=("training.max_updates=150", "training.eval_every=50 updates"),
+    ),
+    # The paper's regime as far as 2 cores allow (docs/REPRODUCTION.md says what bounds each number):
+    # 64 devices, 20,000 server updates, five paired repetitions, the whole test set.
+    "paper": Profile(
+        methods=("asgd", ASGD_HALF_STEP, "asgd:training.learning_rate=0.02", "staleness_asgd", "comp_c:c=0.01",
+                 "adacomp:c=0.01", "comp_c:c=0.001", "adacomp:c=0.001", "adacomp:c=0.01:training.learning_rate=0.05",
+                 "comp_c:c=0.01:training.learning_rate=0.05"),
+        methods_overrides=("workers[0].count=64", "workers[0].cpus=0.02", "training.max_updates=20000",
+                           "training.eval_every=1000 updates"),
+        repeat=5, sweep_repeat=3,
+        ingress_workers=(4, 16, 64), ingress_overrides=("training.duration=60s",),
+        heterogeneity=("0.1", "{uniform: [0.02, 0.18]}", "[0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, "
+                       "0.34, 0.34, 0.34, 0.34]"),
+        heterogeneity_overrides=("training.duration=180s", "workers[0].count=16"),
+        crash_rates=("0", "60", "240"), crash_overrides=("training.duration=180s", "workers[0].count=16"),
+        staleness_workers=(4, 16, 64), staleness_overrides=("training.max_updates=5000", "training.eval_every=1000 updates",
+                                                            "workers[0].cpus=0.02"),
+        staleness_repeat=3,
     ),
     "smoke": Profile(
         methods=("asgd", "adacomp:c=0.01"),
@@ -78,6 +104,7 @@ PROFILES = {
         heterogeneity=("{uniform: [0.1, 0.3]}",), heterogeneity_overrides=("training.duration=8s", "workers[0].count=2"),
         crash_rates=("3600",), crash_overrides=("training.duration=10s", "workers[0].count=2", "faults.crash.restart_after=3s"),
         all_overrides=("dataset.test_size=300", "training.eval_every=5s"),
+        staleness_workers=(2,), staleness_overrides=("training.max_updates=20", "training.eval_every=10 updates"),
     ),
 }
 
@@ -103,10 +130,21 @@ def run_methods(profile: Profile, out: Path, backend: str, dataset: str, say) ->
     from emulator.compare import compare
 
     overrides = [f"dataset.name={dataset}", *profile.methods_overrides, *_tail(profile.all_overrides, profile.methods_overrides)]
-    directory = compare(PAPER / "methods.yaml", list(profile.methods), out / "runs", backend=backend, overrides=overrides, say=say)
-    command = ["emulate", "compare", "scenarios/paper/methods.yaml", *sum((["-m", m] for m in profile.methods), []),
-               "--backend", backend, *sum((["--set", o] for o in overrides), [])]
-    return {"directory": str(directory), "command": _command(command), "table": json.loads((directory / "compare.json").read_text())}
+    return run_comparison("methods", list(profile.methods), overrides, profile.repeat, out, backend, say)
+
+
+def run_comparison(name: str, methods: list[str], overrides: list[str], repeat: int, out: Path, backend: str, say) -> dict:
+    """``emulate compare`` of the paper's methods scenario into ``<out>/runs/<name>``: a rerun reuses
+    every run that finished there (an interrupted `make figures` resumes)."""
+    from emulator.compare import compare
+
+    directory = compare(PAPER / "methods.yaml", methods, out / "runs", backend=backend, overrides=overrides, say=say,
+                        repeat=repeat, directory=out / "runs" / name)
+    command = ["emulate", "compare", "scenarios/paper/methods.yaml", *sum((["-m", m] for m in methods), []),
+               "--backend", backend, *sum((["--set", o] for o in overrides), []),
+               *(["--repeat", str(repeat)] if repeat > 1 else []), "--dir", str(directory)]
+    return {"directory": str(directory), "command": _command(command), "repeat": repeat,
+            "table": json.loads((directory / "compare.json").read_text())}
 
 
 def _tail(common: tuple[str, ...], specific: tuple[str, ...]) -> list[str]:
@@ -115,14 +153,16 @@ def _tail(common: tuple[str, ...], specific: tuple[str, ...]) -> list[str]:
     return [o for o in common if o.split("=", 1)[0] not in keys]
 
 
-def run_sweep_experiment(name: str, scenario: Path, grid: list[str], overrides: list[str], out: Path, backend: str, say) -> dict:
+def run_sweep_experiment(name: str, scenario: Path, grid: list[str], overrides: list[str], out: Path, backend: str, say,
+                         repeat: int = 1) -> dict:
     from emulator.sweep import Sweep, run_sweep
 
-    sweep = Sweep.from_options(scenario, grid, overrides=tuple(overrides), backend=backend)
+    sweep = Sweep.from_options(scenario, grid, overrides=tuple(overrides), backend=backend, repeat=repeat)
     directory = out / "runs" / name
     run_sweep(sweep, directory, jobs=1, say=say)
     command = ["emulate", "sweep", str(scenario.relative_to(ROOT)), *sum((["--grid", g] for g in grid), []),
-               "--backend", backend, *sum((["--set", o] for o in overrides), []), "--out", str(directory)]
+               "--backend", backend, *sum((["--set", o] for o in overrides), []),
+               *(["--repeat", str(repeat)] if repeat > 1 else []), "--out", str(directory)]
     return {"directory": str(directory), "command": _command(command)}
 
 
@@ -169,14 +209,16 @@ def matched_ratios(rows: list[dict]) -> dict[str, dict]:
 
 def method_figures(methods: dict, out: Path) -> list[str]:
     directory = Path(methods["directory"])
-    runs = {row["method"]: load_run(directory / row["run_id"]) for row in methods["table"]["methods"]
-            if (directory / row["run_id"] / "summary.json").exists()}
-    acc = {label: run.accuracy for label, run in runs.items()}
-    ingress = {label: accuracy_with_ingress(run.accuracy, run.updates) for label, run in runs.items()}
+    runs: dict[str, list] = {}  # method -> its runs (repetitions: drawn as a mean and a band)
+    for row in methods["table"]["methods"]:
+        if (directory / row["run_id"] / "summary.json").exists():
+            runs.setdefault(row["method"], []).append(load_run(directory / row["run_id"]))
+    acc = {label: [run.accuracy for run in group] for label, group in runs.items()}
+    ingress = {label: [accuracy_with_ingress(run.accuracy, run.updates) for run in group] for label, group in runs.items()}
     made = []
     for name, fig in (("accuracy_vs_updates", figures.accuracy_vs_updates(acc)), ("accuracy_vs_time", figures.accuracy_vs_time(acc)),
                       ("accuracy_vs_ingress", figures.accuracy_vs_ingress(ingress)),
-                      ("staleness", figures.staleness_histogram({label: run.updates for label, run in runs.items()})),
+                      ("staleness", figures.staleness_histogram({label: [run.updates for run in group] for label, group in runs.items()})),
                       ("bytes_per_method", bytes_figure(methods["table"]["methods"]))):
         if fig is not None:
             figures.save(fig, out / f"{name}.png")
@@ -187,8 +229,8 @@ def method_figures(methods: dict, out: Path) -> list[str]:
 def bytes_figure(rows: list[dict]):
     from matplotlib.figure import Figure
 
-    rows = [r for r in rows if r.get("ingress_payload_bytes")]
-    if not rows:
+    rows = list({r["method"]: r for r in rows if r.get("ingress_payload_bytes") and r.get("bytes_per_update")}.values())
+    if not rows:  # one bar per method: a push's size does not change across repetitions
         return None
     fig = Figure(figsize=(8, 4.5), dpi=110)
     ax = fig.add_subplot()
@@ -438,10 +480,102 @@ def methods_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
     methods = run_methods(profile, out, backend, dataset, say)
     layout, grads = real_gradient(dataset)
     authors = authors_bytes_per_update(methods["table"]["methods"], Path(methods["directory"]), layout, grads)
-    body, failures = methods_section(methods, authors)
+    if methods["repeat"] > 1:
+        body, failures = repeated_methods_section(methods, authors)
+    else:
+        body, failures = methods_section(methods, authors)
     body += ["", "The authors' format is their released code's message, a Python 2 pickle, for one push of the same "
              "method on a real batch-10 gradient (section below); its totals count each run's applied updates at that size."]
     return Section("Accuracy and bytes per method", body, method_figures(methods, out), methods["command"], failures)
+
+
+def compare_tables(directory: Path) -> list[str]:
+    """The tables of a repeated comparison's compare.md (means with intervals, paired differences),
+    without its title and figure: written once, by emulate compare, and quoted here."""
+    text = (Path(directory) / "compare.md").read_text().splitlines()
+    start = next((i for i, line in enumerate(text) if line.startswith("Target accuracy")), 0)
+    return [line.replace("## Paired differences", "### Paired differences") for line in text[start:] if not line.startswith("![")]
+
+
+def repeated_methods_section(methods: dict, authors: dict[str, int | None]) -> tuple[list[str], list[str]]:
+    """Means and 95 % intervals per method, the paired differences with verdicts, and bytes per
+    update on both bases; every run that did not complete is listed with its cause."""
+    directory = Path(methods["directory"])
+    rows = methods["table"]["methods"]
+    failures = [f"methods: {r['method']} ({r['run_id']}): {why}" for r in rows if (why := run_failure(directory / r["run_id"]))]
+    reference = dense_reference(rows)
+    lines = [*compare_tables(directory), "", "Bytes per update on both bases (a push's size is the same in every repetition):", "",
+             "| method | compact wire (B) | ratio to ASGD | authors' format (B) | ratio to ASGD, authors' format |",
+             "|---|---:|---:|---:|---:|"]
+    theirs = authors.get(reference["method"]) if reference else None
+    for method, row in {r["method"]: r for r in rows if r.get("bytes_per_update")}.items():
+        mine = authors.get(method)
+        compact = (f"{reference['bytes_per_update'] / row['bytes_per_update']:.1f}x"
+                   if reference and reference.get("bytes_per_update") else "-")
+        lines.append(f"| {method} | {row['bytes_per_update']:,.0f} | {compact} | {_fmt_bytes(mine)} | "
+                     f"{f'{theirs / mine:.1f}x' if mine and theirs else '-'} |")
+    if failures:
+        lines += ["", *(f"- **FAILED** {f}" for f in failures)]
+    return lines, failures
+
+
+def staleness_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+    """Comp-c against AdaComp at each worker count: the delay d of applied updates, the share
+    sigma / d AdaComp's rule divides by, and AdaComp's accuracy minus Comp-c's (paired)."""
+    import pandas as pd
+
+    from .staleness import staleness_by_workers, staleness_figures
+
+    if not profile.staleness_workers:
+        return Section("Staleness against the number of workers", ["Not in this profile."], [], "-")
+    base = [f"dataset.name={dataset}", *profile.staleness_overrides, *_tail(profile.all_overrides, profile.staleness_overrides)]
+    lines = ["| workers | method | runs | d: median | d: 95th pct | d: max | sigma / d: median | sigma = 0 (share of updates) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    differences = ["", "AdaComp minus Comp-c, final accuracy, paired by seed (mean and 95 % Student-t interval):", "",
+                   "| workers | difference | verdict |", "|---:|---|---|"]
+    groups: dict[tuple[str, int], list] = {}
+    failures, commands = [], []
+    for workers in profile.staleness_workers:
+        result = run_comparison(f"staleness-{workers}", list(profile.staleness_methods), [*base, f"workers[0].count={workers}"],
+                                profile.staleness_repeat, out, backend, say)
+        commands.append(result["command"])
+        directory = Path(result["directory"])
+        for row in result["table"]["methods"]:
+            why = run_failure(directory / row["run_id"])
+            if why:
+                failures.append(f"staleness ({workers} workers): {row['method']} ({row['run_id']}): {why}")
+                continue
+            groups.setdefault((row["method"], workers), []).append(load_run(directory / row["run_id"]).updates)
+        for method in profile.staleness_methods:
+            tables = groups.get((method, workers), [])
+            if not tables:
+                continue
+            got = staleness_figures(pd.concat(tables, ignore_index=True))
+            lines.append(f"| {workers} | {method} | {len(tables)} | {_fmt(got['d_median'], '.0f')} | {_fmt(got['d_p95'], '.0f')} | "
+                         f"{got['d_max'] if got['d_max'] is not None else '-'} | {_fmt(got['sigma_over_d_median'], '.3f')} | "
+                         f"{_fmt(got['sigma_zero_share'], '.2f')} |")
+        for pair in result["table"].get("pairs", []):
+            accuracy = pair["final_accuracy"]
+            cell = (f"{accuracy['mean']:+.4f} ± {accuracy['half_width']:.4f} ({accuracy['n']})" if accuracy.get("half_width") is not None
+                    else (f"{accuracy['mean']:+.4f} ({accuracy['n']})" if accuracy.get("mean") is not None else "-"))
+            verdict = {"A better": f"{pair['a']} better", "B better": f"{pair['b']} better"}.get(accuracy["verdict"], accuracy["verdict"])
+            differences.append(f"| {workers} | {pair['b']} - {pair['a']}: {_negate(cell)} | {verdict} |")
+    images = []
+    fig = staleness_by_workers(groups)
+    if fig is not None:
+        figures.save(fig, out / "staleness_vs_workers.png")
+        images.append("staleness_vs_workers.png")
+    body = ["d: updates applied between a worker's pull and its push; sigma: per pushed coordinate, the updates that "
+            "touched it in that window (AdaComp's divisor; recorded for AdaComp only); sigma / d near 0 means AdaComp's "
+            "step is almost Comp-c's.", "", *lines, *differences]
+    return Section("Staleness against the number of workers", body, images, " ; ".join(commands), failures)
+
+
+def _negate(cell: str) -> str:
+    """A - B as B - A: the table reads 'AdaComp minus Comp-c' whatever order the comparison ran them in."""
+    if cell == "-" or cell[0] not in "+-":
+        return cell
+    return ("-" if cell[0] == "+" else "+") + cell[1:]
 
 
 def bytes_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
@@ -461,7 +595,7 @@ def ingress_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
     if not any(o.startswith("method") for o in profile.ingress_overrides):
         grid.append("method={name: asgd},{name: adacomp, c: 0.01}")
     overrides = [f"dataset.name={dataset}", *profile.ingress_overrides, *_tail(profile.all_overrides, profile.ingress_overrides)]
-    ingress = run_sweep_experiment("ingress", PAPER / "ingress.yaml", grid, overrides, out, backend, say)
+    ingress = run_sweep_experiment("ingress", PAPER / "ingress.yaml", grid, overrides, out, backend, say, profile.sweep_repeat)
     collection = load_collection(ingress["directory"])
     images = []
     fig = ingress_figure(collection)
@@ -475,7 +609,8 @@ def ingress_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
 def _device_sweep(name: str, title: str, scenario: str, key: str, values, overrides):
     def experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
         chosen = [f"dataset.name={dataset}", *getattr(profile, overrides), *_tail(profile.all_overrides, getattr(profile, overrides))]
-        result = run_sweep_experiment(name, PAPER / scenario, [f"{key}={','.join(getattr(profile, values))}"], chosen, out, backend, say)
+        result = run_sweep_experiment(name, PAPER / scenario, [f"{key}={','.join(getattr(profile, values))}"], chosen, out, backend, say,
+                                      profile.sweep_repeat)
         collection = load_collection(result["directory"])
         body, failures = sweep_section(collection, list(collection.grid), name)
         return Section(title, body, sweep_figures(name, collection, out, key), result["command"], failures)
@@ -490,6 +625,7 @@ EXPERIMENTS = {
     "heterogeneity": _device_sweep("heterogeneity", "Device CPU heterogeneity", "heterogeneity.yaml", "workers[0].cpus",
                                    "heterogeneity", "heterogeneity_overrides"),
     "crash": _device_sweep("crash", "Device crashes", "crash.yaml", "faults.crash.rate_per_hour", "crash_rates", "crash_overrides"),
+    "staleness": staleness_experiment,
 }
 
 

@@ -66,6 +66,7 @@ def staleness_by_workers(groups: Mapping[tuple[str, int], Sequence[pd.DataFrame]
                 ax.errorbar(xs, mid, yerr=[low, high], marker="o", linestyle="-", capsize=4, color=f"C{i % 10}", label=method)
     for ax, label in ((left, "staleness d (updates), median and IQR"), (right, "sigma / d (AdaComp), median and IQR")):
         ax.set_xscale("log", base=2)
+        ax.set_xlim(min(workers) / 1.5, max(workers) * 1.5)  # room for the side-by-side offsets, even at one count
         ax.set_xticks(workers, [str(w) for w in workers])
         ax.set_xlabel("workers")
         ax.set_ylabel(label)
