@@ -2,8 +2,10 @@
 
 :class:`ServerProcess` starts ``python -m emulator.runtime.paramserver`` as a run does, its
 telemetry going to a real :class:`~emulator.collector.Collector` (and run directory) in this
-process. :func:`pusher` is one synthetic worker, a process of its own: HELLO, pull, then push a
-pre-encoded update and wait for the model in reply, as a worker does, until its time is up.
+process. :func:`pusher` is one synthetic worker, a process of its own: HELLO, pull, then push
+pre-encoded updates (one, or a pool it cycles through) and wait for the model in reply, as a
+worker does, until its time is up. With ``pull`` it asks for delta pulls in its HELLO; it counts
+the replies' bytes but does not apply them (the server's side is what is measured).
 Used by the ingest benchmark (:mod:`benchmarks.server`) and the load test (:mod:`benchmarks.load`).
 """
 
@@ -76,19 +78,25 @@ class ServerProcess:
             self._tmp.cleanup()
 
 
-def pusher(address, token: bytes, worker: int, message: bytes, seconds: float, start_evt, result_q, ready=None) -> None:
-    """One synthetic worker; puts ``{worker, pushes, answered, rejected, errors}`` on ``result_q``.
+def pusher(address, token: bytes, worker: int, message: bytes | list[bytes], seconds: float, start_evt, result_q, ready=None,
+           pull: dict | None = None) -> None:
+    """One synthetic worker; puts ``{worker, pushes, answered, rejected, errors, push_bytes, reply_bytes}``
+    on ``result_q`` (bytes of the frames, headers included, of the answered exchanges).
 
-    ``ready`` (a shared counter) is incremented once this worker holds its first model."""
+    ``message``: one update, or a list that this worker cycles through from position ``worker``.
+    ``ready`` (a shared counter) is incremented once this worker holds its first model. ``pull``:
+    the HELLO's pull setting (``{"mode": "delta", "values": "f32"}``; None: dense pulls)."""
     from emulator.runtime import protocol
     from emulator.runtime.protocol import MsgType
     from emulator.runtime.transport import Channel, connect
 
-    out = {"worker": worker, "pushes": 0, "answered": 0, "rejected": 0, "errors": []}
+    out = {"worker": worker, "pushes": 0, "answered": 0, "rejected": 0, "errors": [], "push_bytes": 0, "reply_bytes": 0}
+    messages = [message] if isinstance(message, (bytes, bytearray)) else list(message)
     channel = None
     try:
         channel = Channel(connect(address), token, None, 16 << 20, worker=worker)
-        channel.send(MsgType.HELLO, protocol.json_body({"role": "worker", "worker": worker}))
+        hello = {"role": "worker", "worker": worker, **({"pull": pull} if pull else {})}
+        channel.send(MsgType.HELLO, protocol.json_body(hello))
         channel.recv()
         start_evt.wait()
         channel.send(MsgType.PULL)
@@ -97,12 +105,16 @@ def pusher(address, token: bytes, worker: int, message: bytes, seconds: float, s
             with ready.get_lock():
                 ready.value += 1
         deadline = time.perf_counter() + seconds
+        position = worker
         while time.perf_counter() < deadline and not header.flags & protocol.Flag.DONE:
-            channel.send(MsgType.PUSH, message, t0=header.t0)
+            sent = channel.send(MsgType.PUSH, messages[position % len(messages)], t0=header.t0)
+            position += 1
             out["pushes"] += 1
             header, body = channel.recv(keep_buffer=True)
             if header.type == MsgType.MODEL:
                 out["answered"] += 1
+                out["push_bytes"] += sent
+                out["reply_bytes"] += protocol.HEADER.size + header.length
             elif header.type == MsgType.REJECT:
                 out["rejected"] += 1
                 out["errors"].append(f"rejected: {bytes(body)[:200]!r}")

@@ -1,12 +1,17 @@
-"""Parameter-server ingest on loopback: updates applied per second with 1, 8 and 64 pushers.
+"""Parameter-server ingest on loopback: updates per second and server CPU per update, 8 and 64 pushers.
 
 A real parameter server process (with its telemetry going to a real collector, as in a run)
-is driven by synthetic pushers, each a process of its own that pushes a pre-encoded update
-and waits for the model in reply, as a worker does. Beside it, in the same run: the raw
-loopback TCP throughput of one Python sender and receiver (bytes one way, nothing else), the
-exchange floor (the same request and reply sizes with the same number of client processes,
-answered by a server that does no work: what the traffic pattern alone allows on this
-machine), and the AdaComp rule's apply cost at staleness 1, 100 and 10,000 (flat in d).
+is driven by synthetic pushers, each a process of its own that pushes pre-encoded updates and
+waits for the model in reply, as a worker does: dense pushes (ASGD's, plain rule) and AdaComp's
+(top 1 % per tensor, AdaComp's rule), each with dense pulls (the whole model answers every push)
+and with delta pulls (what changed since the pusher's version). The AdaComp updates are a pool
+taken along a real training trajectory of the paper's CNN (top 1 % of each step's gradient on
+real digits), so consecutive updates overlap as a run's do and the deltas have a run's size;
+each pusher cycles through the pool from its own position. Beside each row, in the same run: the
+exchange floor (the same request and reply sizes, the same number of client processes, answered
+by a server that does no work: what the traffic pattern alone allows on this machine); beside
+each group of rows, the raw loopback TCP throughput of one Python sender and receiver; and the
+AdaComp rule's apply cost at staleness 1, 100 and 10,000 (flat in d).
 """
 
 from __future__ import annotations
@@ -137,15 +142,22 @@ def _drive(server_pid: int, target, client_args: list[tuple], seconds: float, be
     return results, cpu
 
 
-def ingest(message: bytes, rule: str, pushers: int, seconds: float) -> dict:
+def ingest(messages: list[bytes], rule: str, pushers: int, seconds: float, pull: dict | None = None) -> dict:
     with ServerProcess(cnn_layout(), rule) as server:
-        results, cpu = _drive(server.pid, pusher, [(server.address, server.token, i, message, seconds) for i in range(pushers)],
+        results, cpu = _drive(server.pid, _pusher_with_pull, [(server.address, server.token, i, messages, seconds, None, pull)
+                                                   for i in range(pushers)],
                               seconds, before_start=server.start_training)
     total = sum(r["answered"] for r in results)
-    frame = len(message) + HEADER.size
-    return {"pushers": pushers, "updates": total, "updates_per_s": total / seconds,
-            "ingest_bytes_per_s": total * frame / seconds, "server_cpu_share": cpu / seconds,
-            "server_cpu_ms_per_update": 1000 * cpu / max(1, total)}
+    pushed, replies = sum(r["push_bytes"] for r in results), sum(r["reply_bytes"] for r in results)
+    errors = [e for r in results for e in r["errors"]]
+    return {"pushers": pushers, "pull": (pull or {}).get("mode", "dense"), "updates": total, "updates_per_s": total / seconds,
+            "ingest_bytes_per_s": pushed / seconds, "request_bytes": pushed / max(1, total), "reply_bytes": replies / max(1, total),
+            "server_cpu_share": cpu / seconds, "server_cpu_ms_per_update": 1000 * cpu / max(1, total),
+            **({"errors": errors[:5]} if errors else {})}
+
+
+def _pusher_with_pull(address, token, worker, messages, seconds, ready, pull, start_evt, result_q):
+    pusher(address, token, worker, messages, seconds, start_evt, result_q, ready, pull)
 
 
 def _cpu_s(pid: int) -> float:
@@ -169,53 +181,100 @@ def adacomp_apply_vs_staleness(parts, layout, staleness_values=(1, 100, 10_000))
     return out
 
 
+POOL = 256  # AdaComp updates along the trajectory
+CASES = (  # (label, rule, pull): every push kind with every pull kind
+    ("dense", "plain", None), ("dense", "plain", {"mode": "delta"}),
+    ("adacomp", "adacomp", None), ("adacomp", "adacomp", {"mode": "delta"}),
+)
+
+
+def _trajectory(count: int, c: float, seed: int) -> list[bytes]:
+    """``count`` AdaComp pushes along ``count`` steps of plain SGD (alpha 0.1, batch 10) of the
+    paper's CNN on real digits: each step's gradient, top ``c`` per tensor, encoded."""
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import compression
+    from emulator import datasets
+    from emulator.runtime.data import standardize
+    from emulator.runtime.models import TFModel, get, initial_parameters
+
+    data = datasets.load("mnist-5k")
+    x, y = standardize(data.x_train), data.y_train.astype(np.int32)
+    model = TFModel(get("mnist_cnn"), x.shape[1:], 10, 1)
+    layout = model.layout
+    topk = compression.build("topk", {"c": c}, layout)
+    params = initial_parameters(layout, seed)
+    rng = np.random.default_rng(seed)
+    splits = np.array(layout.offsets[1:])
+    out = []
+    for _ in range(count):
+        batch = rng.choice(len(x), 10, replace=False)
+        _, grad = model.gradient(params, x[batch], y[batch])
+        out.append(compression.encode(topk.compress(np.split(grad, splits)), layout))
+        params = params - np.float32(0.1) * grad
+    return out
+
+
+def update_pool(count: int = POOL, c: float = 0.01, seed: int = 0) -> tuple[list[bytes], str]:
+    """AdaComp pushes from a real training trajectory (TensorFlow in a child process, so that the
+    pushers forked later do not inherit its threads), and where they came from."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        messages = pool.submit(_trajectory, count, c, seed).result(timeout=600)
+    return messages, f"{count} steps of SGD on mnist-5k, top {c:.0%} of each gradient"
+
+
 def run(quick: bool = False) -> dict:
     import compression
 
     layout = cnn_layout()
     grad = realistic_gradient(layout)
     splits = np.split(grad, np.array(layout.offsets[1:]))
-    sparse = compression.encode(compression.build("topk", {"c": 0.01}, layout).compress(splits), layout)
     dense = compression.encode(compression.build("dense", {}, layout).compress(splits), layout)
+    pool, pool_source = update_pool()
     seconds = 3.0 if quick else 8.0
-    out = {"raw_loopback_samples": [], "ingest": [], "exchange_floor": {}}
-    model_frame = layout.total * 4 + HEADER.size
-    for pushers in ((1, 8) if quick else (1, 8, 64)):
+    out = {"raw_loopback_samples": [], "ingest": [], "update_pool": pool_source, "parameters": layout.total}
+    for pushers in ((8,) if quick else (8, 64)):
         # Loopback throughput moves by 2x between minutes on this shared machine: it is measured
         # beside every group of rows and the shares use the median of all the samples.
         out["raw_loopback_samples"].append(raw_loopback_bytes_per_s(2.0 if quick else 3.0))
-        floor = exchange_floor(len(dense) + HEADER.size, model_frame, pushers, seconds)
-        out["exchange_floor"][str(pushers)] = floor
-        for label, message, rule in (("dense", dense, "plain"), ("adacomp", sparse, "adacomp")):
-            row = ingest(message, rule, pushers, seconds)
+        for label, rule, pull in CASES:
+            row = ingest(pool if label == "adacomp" else [dense], rule, pushers, seconds, pull)
             row["method"] = label
-            if label == "dense":
-                row["share_of_exchange_floor"] = row["ingest_bytes_per_s"] / floor["ingest_bytes_per_s"]
+            floor = exchange_floor(round(row["request_bytes"]), round(row["reply_bytes"]), pushers, seconds)
+            row["exchange_floor"] = floor
+            row["share_of_exchange_floor"] = row["updates_per_s"] / floor["exchanges_per_s"] if floor["exchanges_per_s"] else None
             out["ingest"].append(row)
     out["raw_loopback_bytes_per_s"] = statistics.median(out["raw_loopback_samples"])
     for row in out["ingest"]:
         row["share_of_loopback"] = row["ingest_bytes_per_s"] / out["raw_loopback_bytes_per_s"]
-    parts = compression.decode(sparse, layout)
+    parts = compression.decode(pool[0], layout)
     out["adacomp_apply_ms_by_staleness"] = adacomp_apply_vs_staleness(parts, layout, (1, 100) if quick else (1, 100, 10_000))
     return out
 
 
 def markdown(result: dict) -> list[str]:
     raw = result["raw_loopback_bytes_per_s"]
-    floors = result["exchange_floor"]
     samples = ", ".join(f"{x / 1e6:,.0f}" for x in result["raw_loopback_samples"])
+    model = 4 * result["parameters"]
     lines = [f"Raw loopback TCP, one Python sender and receiver: **{raw / 1e6:,.0f} MB/s** (median of {samples} MB/s, "
-             "one sample beside each group of rows). Exchange floor: the same push-sized requests and model-sized "
-             "replies between processes that do no other work.", "",
-             "| method | pushers | updates/s | ingest MB/s | share of raw loopback | exchange floor MB/s | share of the floor | server CPU (cores) | server CPU per update (ms) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "one sample beside each group of rows). AdaComp pushes: " + result["update_pool"] + ". Exchange floor: "
+             "the row's mean request and reply sizes between processes that do no other work.", "",
+             "| push | pull | pushers | updates/s | server CPU per update (ms) | reply (kB) | two-way per update (kB) | "
+             "floor exchanges/s | share of the floor | floor CPU per exchange (ms) | server CPU (cores) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in result["ingest"]:
-        floor = floors.get(str(row["pushers"])) if row["method"] == "dense" else None
-        floor_cells = (f"{floor['ingest_bytes_per_s'] / 1e6:,.1f} | {row['share_of_exchange_floor']:.1%}" if floor else "- | -")
-        floor_cpu = f" (floor {floor['server_cpu_ms_per_exchange']:.2f})" if floor else ""
-        lines.append(f"| {row['method']} | {row['pushers']} | {row['updates_per_s']:,.0f} | {row['ingest_bytes_per_s'] / 1e6:,.1f} | "
-                     f"{row['share_of_loopback']:.1%} | {floor_cells} | {row['server_cpu_share']:.2f} | "
-                     f"{row['server_cpu_ms_per_update']:.2f}{floor_cpu} |")
-    lines += ["", "AdaComp apply cost by staleness d (median ms): " + ", ".join(
+        floor = row["exchange_floor"]
+        share = "-" if row["share_of_exchange_floor"] is None else f"{row['share_of_exchange_floor']:.1%}"
+        lines.append(f"| {row['method']} | {row['pull']} | {row['pushers']} | {row['updates_per_s']:,.0f} | "
+                     f"{row['server_cpu_ms_per_update']:.2f} | {row['reply_bytes'] / 1e3:,.1f} | "
+                     f"{(row['request_bytes'] + row['reply_bytes']) / 1e3:,.1f} | {floor['exchanges_per_s']:,.0f} | {share} | "
+                     f"{floor['server_cpu_ms_per_exchange']:.2f} | {row['server_cpu_share']:.2f} |")
+    lines += ["", f"Whole model: {model / 1e3:,.0f} kB. AdaComp apply cost by staleness d (median ms): " + ", ".join(
         f"d={d}: {v['median_ms']:.3f}" for d, v in result["adacomp_apply_ms_by_staleness"].items())]
+    errors = [f"{row['method']}/{row['pull']}/{row['pushers']}: {e}" for row in result["ingest"] for e in row.get("errors", [])]
+    if errors:
+        lines += ["", "Pusher errors: " + "; ".join(errors[:5])]
     return lines

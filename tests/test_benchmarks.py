@@ -106,13 +106,15 @@ def test_quick_worker_wire_and_server_benchmarks_write_their_results(tmp_path):
     assert wire["c=0.01"]["f32"]["overhead_share"] < 0.01
 
     server = results["server"]
-    assert len(server["raw_loopback_samples"]) == 2 and server["raw_loopback_bytes_per_s"] > 0
-    rows = {(row["method"], row["pushers"]): row for row in server["ingest"]}
-    assert set(rows) == {(m, p) for m in ("dense", "adacomp") for p in (1, 8)}
+    assert len(server["raw_loopback_samples"]) == 1 and server["raw_loopback_bytes_per_s"] > 0
+    rows = {(row["method"], row["pull"], row["pushers"]): row for row in server["ingest"]}
+    assert set(rows) == {(m, pull, 8) for m in ("dense", "adacomp") for pull in ("dense", "delta")}
     for row in rows.values():
-        assert row["updates"] > 0 and row["server_cpu_ms_per_update"] > 0
-    for pushers in (1, 8):
-        floor = server["exchange_floor"][str(pushers)]
-        assert floor["exchanges_per_s"] > 0 and floor["server_cpu_ms_per_exchange"] > 0
-        assert rows[("dense", pushers)]["share_of_exchange_floor"] > 0
+        assert row["updates"] > 0 and row["server_cpu_ms_per_update"] > 0 and "errors" not in row
+        floor = row["exchange_floor"]
+        assert floor["exchanges_per_s"] > 0 and floor["server_cpu_ms_per_exchange"] > 0 and row["share_of_exchange_floor"] > 0
+    model = 4 * server["parameters"]
+    assert rows[("adacomp", "dense", 8)]["reply_bytes"] == rows[("dense", "dense", 8)]["reply_bytes"] > model
+    assert rows[("dense", "delta", 8)]["reply_bytes"] > model  # every coordinate changed: the whole model
+    assert rows[("adacomp", "delta", 8)]["reply_bytes"] < model / 4  # bytes, not times: a delta is far smaller
     assert set(server["adacomp_apply_ms_by_staleness"]) == {"1", "100"}

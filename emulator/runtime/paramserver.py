@@ -211,14 +211,12 @@ class ParameterServer:
                 self.cond.wait_for(lambda: self.done or self.version >= min_version, timeout=max_wait_s)
             done = self.done
             if holding is None:
-                version, data = self._model_bytes()
-                reply, changed = downlink.Reply(version, data), None
+                reply = downlink.Reply(*self._model_bytes())
             else:
-                base = holding.version
-                reply, changed = downlink.prepare(holding, self.params, self.version, self.changes, self.layout,
-                                                  lambda: self._model_bytes()[1])
+                reply = downlink.prepare(holding, self.params, self.version, self.changes, self.layout,
+                                         lambda: self._model_bytes()[1])
             if worker != protocol.NO_WORKER:
-                self.rule.on_pull(worker, reply.version, None if changed is None else (base, changed))
+                self.rule.on_pull(worker)
         if holding is not None:
             downlink.finish(reply, holding, self.layout)  # encoding outside the lock
         return reply, done
@@ -227,30 +225,31 @@ class ParameterServer:
                    **pull_args) -> None:
         """Send the model (or a delta) to ``worker``; ``row``, an update's trace row, is recorded with the reply's size."""
         reply, done = self.pull(worker, holding, **pull_args)
+        size = protocol.HEADER.size + len(reply.body)
         if row is not None:
-            self.trace_update(row, protocol.HEADER.size + len(reply.body), reply)
-        sent = channel.send(MsgType.MODEL, reply.body, t0=reply.version, flags=reply.flags | (Flag.DONE if done else 0))
-        with self.cond:
+            self.trace_update(row, size, reply)
+        with self.cond:  # counted before it goes: a reader of the counters never lags the worker
             traffic = self._traffic[worker]
-            traffic["egress_bytes"] += sent
-            traffic["pull_bytes"] += sent
+            traffic["egress_bytes"] += size
+            traffic["pull_bytes"] += size
             traffic["pulls"] += 1
             traffic["delta_pulls"] += bool(reply.flags & Flag.DELTA)
+        channel.send(MsgType.MODEL, reply.body, t0=reply.version, flags=reply.flags | (Flag.DONE if done else 0))
 
     def send_ack(self, channel: Channel, worker: int, row: dict | None) -> None:
         """Answer a push whose worker pulls later: the version its update made, no model."""
-        with self.cond:
-            version, done = self.version, self.done
         if row is not None:
             self.trace_update(row, protocol.HEADER.size, None)
-        sent = channel.send(MsgType.ACK, t0=version, flags=Flag.DONE if done else 0)
         with self.cond:
-            self._traffic[worker]["egress_bytes"] += sent
+            version, done = self.version, self.done
+            self._traffic[worker]["egress_bytes"] += protocol.HEADER.size
+        channel.send(MsgType.ACK, t0=version, flags=Flag.DONE if done else 0)
 
     def send_reject(self, channel: Channel, worker: int, reason: str) -> None:
-        sent = channel.send(MsgType.REJECT, protocol.json_body({"reason": reason}))
+        body = protocol.json_body({"reason": reason})
         with self.cond:
-            self._traffic[worker]["egress_bytes"] += sent
+            self._traffic[worker]["egress_bytes"] += protocol.HEADER.size + len(body)
+        channel.send(MsgType.REJECT, body)
 
     def trace_update(self, row: dict, reply_bytes: int, reply: downlink.Reply | None) -> None:
         """One applied update's row, with its reply: bytes, and ``model`` (whole), ``delta`` (from
