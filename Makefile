@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements/lock.txt pyproject.toml 2>/
 SCENARIO ?= scenarios/quickstart.yaml
 
 .PHONY: setup demo test test-fast docker figures bench profile clean lock help
-FIGURES_PROFILE := $(if $(FAST),fast,full)
+FIGURES_PROFILE := $(or $(PROFILE),$(if $(FAST),fast,full))
 BACKEND ?= auto
 # What a target needs from outside the Python lock: scripts/system-deps.sh installs it when run
 # as root (apt-get; py-spy with pip) and says what it could not install and the command that
@@ -20,7 +20,7 @@ help:
 	@echo "make demo       set up everything (as root: Docker too) and run $(SCENARIO) (Docker when possible, else local)"
 	@echo "make test       the whole test suite (unit, slow training runs, Docker)"
 	@echo "make test-fast  unit tests only (under a minute)"
-	@echo "make figures    the paper's experiments (as root: installs Docker, Fashion-MNIST), figures/*.png and figures/results.md (FAST=1: minutes)"
+	@echo "make figures    the paper's experiments (as root: installs Docker, Fashion-MNIST), figures/*.png and figures/results.md (FAST=1: minutes; PROFILE=paper: the paper's regime, hours)"
 	@echo "make bench      the benchmark suite (as root: installs Docker, Fashion-MNIST), .bench/results.json and .bench/results.md (QUICK=1)"
 	@echo "make profile    where a run's CPU goes: py-spy (pip, into .venv) over $(SCENARIO) on the local backend, .bench/profile.svg"
 	@echo "make clean      remove every container, network and cgroup of the emulator, and runs/, figures/, .bench/"
