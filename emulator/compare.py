@@ -37,6 +37,9 @@ Measures, per method (from the run's own traces, never from a formula):
   the ratio to dense divides the dense method's by it (the method of the first dense run that
   neither diverged nor died, e.g. ``asgd``; its mean over such runs), so runs that applied
   different numbers of updates still compare;
+- down and two-way bytes per update: what the server sent workers (models, deltas, ACKs) per
+  applied update, and that plus what it received (``summary.json``'s ``down_bytes_per_update``
+  and ``two_way_bytes_per_update``; "-" for runs from before they were counted);
 - time to target: training seconds (from the server's ``training_started`` event) until the
   first evaluation at or above the target accuracy (default: 90% of the best method's mean
   final accuracy; one target for every run), and the model version it evaluated;
@@ -71,8 +74,10 @@ if TYPE_CHECKING:
 DEFAULT_TARGET_FRACTION = 0.9
 FIGURE = "accuracy_vs_ingress.png"
 COLUMNS = ("method", "final accuracy", "updates", "ingress payload (B)", "bytes / update", "vs dense",
+           "down B / update", "two-way B / update",
            "time to target (s)", "compress / compute")
 AGGREGATED = ("final_accuracy", "updates", "ingress_payload_bytes", "bytes_per_update", "ratio_to_dense",
+              "down_bytes_per_update", "two_way_bytes_per_update",
               "time_to_target", "compress_overhead")  # the numeric columns of COLUMNS, as row keys
 CANT_TELL = "can't tell"
 SEED_RULE = f"seed_r = (seed + r * {SEED_STRIDE}) mod 2**32, r = 0 the scenario's seed"  # emulator.sweep's rule
@@ -285,6 +290,8 @@ def summarize_run(run_dir: Path, label: str) -> dict:
         "final_accuracy": summary.get("final_accuracy"), "updates": summary.get("updates_applied", len(updates)),
         "ingress_payload_bytes": summary.get("ingress_payload_bytes"),
         "bytes_per_update": float(np.mean(sizes)) if sizes else None,
+        "down_bytes_per_update": summary.get("down_bytes_per_update"),
+        "two_way_bytes_per_update": summary.get("two_way_bytes_per_update"),
         "compress_overhead": compress_overhead(read_jsonl(run_dir / "steps.jsonl")),
         "curve": accuracy_curve(updates, read_jsonl(run_dir / "accuracy.jsonl"), training_start(run_dir, summary)),
     }
@@ -471,6 +478,7 @@ def render_markdown(report: dict) -> str:
             _num(row["final_accuracy"], ".4f"), f"{row['updates']:,}" if row["updates"] is not None else "-",
             f"{row['ingress_payload_bytes']:,}" if row["ingress_payload_bytes"] is not None else "-",
             _num(row["bytes_per_update"], ",.0f"), _num(row["ratio_to_dense"], ".1f", "x"),
+            _num(row.get("down_bytes_per_update"), ",.0f"), _num(row.get("two_way_bytes_per_update"), ",.0f"),
             "not reached" if reached is None else f"{_num(reached['time_s'], '.1f')} (update {reached['version']})",
             _num(row["compress_overhead"], ".3f"),
         ]
@@ -504,7 +512,8 @@ def _render_repeated(report: dict) -> str:
         cells = [f"`{entry['method']}`" + (f" ({'; '.join(notes)})" if notes else ""),
                  _cell(entry["final_accuracy"], ".4f"), _cell(entry["updates"], ",.0f"),
                  _cell(entry["ingress_payload_bytes"], ",.0f"), _cell(entry["bytes_per_update"], ",.0f"),
-                 _cell(entry["ratio_to_dense"], ".1f", "x"), time, _cell(entry["compress_overhead"], ".3f")]
+                 _cell(entry["ratio_to_dense"], ".1f", "x"), _cell(entry["down_bytes_per_update"], ",.0f"),
+                 _cell(entry["two_way_bytes_per_update"], ",.0f"), time, _cell(entry["compress_overhead"], ".3f")]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "## Paired differences", "",
               f"A - B over the repetitions in which both completed (same seed): mean and {confidence} Student-t interval "

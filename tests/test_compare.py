@@ -126,12 +126,15 @@ def test_a_failed_repetition_is_left_out_of_its_pairs_only():
 
 
 def fake_run(path: Path, compressor: str, sizes: list[int], accuracy: list[tuple[int, float]], seed: int = 3,
-             status: str = "completed") -> None:
-    """A run directory with the traces :func:`summarize_run` reads."""
+             status: str = "completed", down: float | None = None) -> None:
+    """A run directory with the traces :func:`summarize_run` reads (``down``: bytes sent per update,
+    None for a run from before they were counted)."""
     path.mkdir(parents=True, exist_ok=True)
+    two_way = None if down is None else (sum(sizes) + 100) / len(sizes) + down
     (path / "summary.json").write_text(json.dumps({
         "status": status, "compressor": compressor, "rule": "plain", "final_accuracy": accuracy[-1][1], "seed": seed,
         "updates_applied": len(sizes), "ingress_payload_bytes": sum(sizes) + 100, "training_started_ts": 5.5,
+        **({} if down is None else {"down_bytes_per_update": down, "two_way_bytes_per_update": two_way}),
     }))
     (path / "updates.jsonl").write_text("".join(json.dumps({"t": t, "bytes": b}) + "\n" for t, b in enumerate(sizes, 1)))
     (path / "accuracy.jsonl").write_text("".join(
@@ -140,16 +143,17 @@ def fake_run(path: Path, compressor: str, sizes: list[int], accuracy: list[tuple
     (path / "steps.jsonl").write_text(json.dumps({"steps": 3, "compute_ms": 10.0, "compress_ms": 1.0}) + "\n")
 
 
-# What compare.md said for this comparison before repetitions existed.
+# What compare.md said for this comparison before repetitions existed, with the downlink's columns
+# (the dense run is one from before they were counted).
 ONE_REPETITION = """\
 # Comparison: tiny
 
 Scenario `s.yaml`, seed 3, backend local; target accuracy 0.8100; ratios against `asgd`.
 
-| method | final accuracy | updates | ingress payload (B) | bytes / update | vs dense | time to target (s) | compress / compute |
-|---|---|---|---|---|---|---|---|
-| `asgd` | 0.8000 | 4 | 4,100 | 1,000 | 1.0x | not reached | 0.100 |
-| `adacomp` | 0.9000 | 4 | 200 | 25 | 40.0x | 4.0 (update 4) | 0.100 |
+| method | final accuracy | updates | ingress payload (B) | bytes / update | vs dense | down B / update | two-way B / update | time to target (s) | compress / compute |
+|---|---|---|---|---|---|---|---|---|---|
+| `asgd` | 0.8000 | 4 | 4,100 | 1,000 | 1.0x | - | - | not reached | 0.100 |
+| `adacomp` | 0.9000 | 4 | 200 | 25 | 40.0x | 1,500 | 1,550 | 4.0 (update 4) | 0.100 |
 
 ![accuracy versus cumulative ingress bytes](accuracy_vs_ingress.png)
 """
@@ -160,7 +164,7 @@ def test_one_repetition_reports_as_before(tmp_path):
     from emulator.compare import summarize_run, write_report
 
     fake_run(tmp_path / "01-asgd", "dense", [1000] * 4, [(0, 0.1), (2, 0.5), (4, 0.8)])
-    fake_run(tmp_path / "02-adacomp", "topk", [10, 20, 30, 40], [(0, 0.1), (2, 0.7), (4, 0.9)])
+    fake_run(tmp_path / "02-adacomp", "topk", [10, 20, 30, 40], [(0, 0.1), (2, 0.7), (4, 0.9)], down=1500.0)
     rows = [{**summarize_run(tmp_path / "01-asgd", "asgd"), "repeat": 0, "seed": 3},
             {**summarize_run(tmp_path / "02-adacomp", "adacomp"), "repeat": 0, "seed": 3}]
     report = write_report(tmp_path, rows, meta={**META, "repeat": 1, "seeds": [3]})
