@@ -331,16 +331,17 @@ def build_report(path: str | Path, *, per_run: bool = False) -> Path:
     """
     path = Path(path)
     out = path / REPORT_DIR
+    single = is_run_dir(path) and not is_sweep_dir(path)
+    runs = None if single else load_collection(path)  # FileNotFoundError before anything is written
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.png"):
         old.unlink()  # a figure that is not drawn this time must not linger from the last report
-    if is_run_dir(path) and not is_sweep_dir(path):
+    if runs is None:
         run = load_run(path)
         _write(out, run_report(run, out), f"Run {run.run_id}")
     else:
-        c = load_collection(path)
-        title = f"Sweep {c.sweep.get('name', path.name)}" if c.is_sweep else f"Runs in {path.name}"
-        _write(out, collection_report(c, out, per_run), title)
+        title = f"Sweep {runs.sweep.get('name', path.name)}" if runs.is_sweep else f"Runs in {path.name}"
+        _write(out, collection_report(runs, out, per_run), title)
     return out
 
 

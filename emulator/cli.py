@@ -44,6 +44,20 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT):
     sys.exit(code)
 
 
+def _writable(path, option: str) -> None:
+    """Exit 2 naming the option when ``path`` cannot hold run directories (made here if missing),
+    so that a typo or a read-only folder is bad input, not a traceback after the first run."""
+    import os
+
+    target = Path(path)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _fail(f"{option} {path}: cannot make the directory: {exc.strerror or exc}")
+    if not os.access(target, os.W_OK | os.X_OK):
+        _fail(f"{option} {path}: not writable by this user")
+
+
 def _docker_client():
     """The Docker SDK's client, or exit 2 saying that no daemon answers."""
     try:
@@ -227,10 +241,18 @@ def render_plan(p) -> str:
 def compare(scenario_file, methods, backend, overrides, out_root, directory, repeat, target_accuracy, no_fidelity, quiet):
     """Run one scenario once per method and repetition (each repetition one seed for every method):
     one table with intervals, paired differences, one figure."""
-    from .backends import BackendUnavailable
+    from .backends import BackendUnavailable, choose
     from .compare import compare as run_compare
 
     _load(scenario_file, overrides)  # refuse a bad scenario before anything runs
+    try:
+        choose(backend, say=lambda _msg: None)  # and a backend this machine lacks, before any folder is made
+    except BackendUnavailable as exc:
+        _fail(str(exc))
+    if directory:
+        _writable(directory, "--dir")
+    else:
+        _writable(out_root, "--out")
     try:
         out = run_compare(scenario_file, list(methods), out_root, backend=backend, overrides=list(overrides),
                           say=(lambda msg: None) if quiet else _say, target_accuracy=target_accuracy,
@@ -372,6 +394,8 @@ def sweep(scenario_file, grid, repeat, jobs, directory, backend, overrides, no_f
     try:
         spec = Sweep.from_options(scenario_file, grid, repeat=repeat, overrides=tuple(overrides), backend=backend_name,
                                   check_fidelity=not no_fidelity)
+        spec.plan()  # every grid point checked before the directory is made
+        _writable(directory or default_directory(spec), "--out")
         result = run_sweep(spec, directory or default_directory(spec), jobs=jobs, say=_say)
     except SweepError as exc:
         click.echo(exc.render(), err=True)

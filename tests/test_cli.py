@@ -294,6 +294,7 @@ def test_sweep_refuses_a_bad_grid(tmp_path, grid, problem):
 def test_report_of_a_directory_that_holds_no_run(tmp_path):
     line = error_line(invoke("report", str(tmp_path)))
     assert line == f"error: {tmp_path}: neither a run directory, a sweep directory, nor a folder of runs"
+    assert list(tmp_path.iterdir()) == []  # no empty report/ left behind
 
 
 @pytest.mark.parametrize("command", [["images", "status"], ["images", "build"], ["images", "push", "localhost:5000"]])
@@ -453,3 +454,13 @@ def test_the_schema_accepts_every_scenario_file():
     for path in files:
         errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(yaml.safe_load(path.read_text()))]
         assert errors == [], path
+
+
+@pytest.mark.parametrize("command", ["compare", "sweep"])
+def test_an_output_folder_that_cannot_be_made_is_bad_input(tmp_path, command):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    extra = ["-m", "adacomp", "--out", str(blocker / "runs")] if command == "compare" else ["--out", str(blocker / "sweep")]
+    result = invoke(command, str(QUICKSTART), "--backend", "local", *extra)
+    assert result.exit_code == 2, result.output
+    assert error_line(result).startswith(f"error: --out {blocker}/") and "cannot make the directory" in error_line(result)
