@@ -63,7 +63,7 @@ import numpy as np
 
 from analysis.sweep import CONFIDENCE, mean_ci  # the project's one Student-t interval: sweep tables use it too
 
-from .rundir import read_jsonl, write_json_atomic
+from .rundir import completed_summary, read_jsonl, set_aside, write_json_atomic
 from .scenario import Problem, Scenario, ScenarioError, load_scenario
 from .summary import FLAGGED, flag
 from .sweep import SEED_STRIDE, repetition_seed
@@ -145,7 +145,7 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
     name, seed = planned[0].scenario.name, planned[0].scenario.seed
     out = Path(directory) if directory is not None else None
     stale = [f"{out / r.run_id} holds a completed run of another plan: the scenario changed; use another directory"
-             for r in planned if out is not None and (_finished(out / r.run_id) or {}).get("plan_digest") not in (None, r.plan_digest)]
+             for r in planned if out is not None and (completed_summary(out / r.run_id) or {}).get("plan_digest") not in (None, r.plan_digest)]
     if stale:
         raise ScenarioError([Problem("--dir", text) for text in stale])
     backend_cls = choose(backend, say=say)
@@ -162,10 +162,10 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
     for i, run in enumerate(planned, start=1):
         where = f"[{i}/{len(planned)}] {run.spec.label}" + (f", repetition {run.repeat} (seed {run.seed})" if repeat > 1 else "")
         done.append(run)
-        if _finished(out / run.run_id) is not None:
+        if completed_summary(out / run.run_id) is not None:
             say(f"{where}: done before, reused")
             continue
-        _set_aside(out, run.run_id)
+        set_aside(out, run.run_id)
         rundir = RunDirectory.create(out, run.plan.name, run_id=run.run_id)
         say(where)
         emulation = Emulation(
@@ -223,28 +223,6 @@ def _plan_runs(scenario_path, specs: list[MethodSpec], overrides, repeat: int) -
             run_id = f"{i:02d}-{spec.slug}" + (f"-r{r}" if repeat > 1 else "")
             planned.append(PlannedRun(spec, run_id, r, scenario.seed, tuple(sets), scenario, make_plan(scenario)))
     return planned
-
-
-def _finished(run_dir: Path) -> dict | None:
-    """The summary of a run that completed in ``run_dir``, else None."""
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if summary.get("status") == "completed" else None
-
-
-def _set_aside(out: Path, run_id: str) -> None:
-    """Move an unfinished attempt out of the way (kept in ``.attempts/`` for post-mortems)."""
-    path = out / run_id
-    if not path.exists():
-        return
-    attempts = out / ".attempts"
-    attempts.mkdir(exist_ok=True)
-    n = 1
-    while (attempts / f"{run_id}.{n}").exists():
-        n += 1
-    path.rename(attempts / f"{run_id}.{n}")
 
 
 def _parse_all(methods: list[str], overrides) -> list[MethodSpec]:

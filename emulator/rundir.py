@@ -122,6 +122,30 @@ class RunDirectory:
             self._files.clear()
 
 
+def completed_summary(run_dir: str | Path) -> dict | None:
+    """The summary of a run that completed in ``run_dir``, else None: what a rerun of a sweep or a
+    comparison may reuse."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if summary.get("status") == "completed" else None
+
+
+def set_aside(directory: str | Path, run_id: str) -> None:
+    """Move an unfinished attempt of ``run_id`` out of the way, into ``directory/.attempts/`` (kept
+    for post-mortems), so that the run can start again in a fresh directory."""
+    path = Path(directory) / run_id
+    if not path.exists():
+        return
+    attempts = Path(directory) / ".attempts"
+    attempts.mkdir(exist_ok=True)
+    n = 1
+    while (attempts / f"{run_id}.{n}").exists():
+        n += 1
+    path.rename(attempts / f"{run_id}.{n}")
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
     """All complete records of a stream; a cut-off last line is skipped with a warning."""
     path = Path(path)

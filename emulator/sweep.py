@@ -38,7 +38,6 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -51,7 +50,7 @@ from typing import Callable, Protocol
 
 import yaml
 
-from .rundir import write_json_atomic
+from .rundir import completed_summary, set_aside, write_json_atomic
 from .scenario import ScenarioError, load_scenario
 from .units import format_duration
 
@@ -360,28 +359,6 @@ class _State:
             write_json_atomic(self.directory / "sweep.json", data)
 
 
-def _finished(directory: Path, run: PlannedRun) -> dict | None:
-    """The summary of a completed run of the same plan in its directory, else None."""
-    try:
-        summary = json.loads((directory / run.run_id / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if summary.get("status") == "completed" else None
-
-
-def _set_aside(directory: Path, run: PlannedRun) -> None:
-    """Move an unfinished attempt out of the way (kept in ``.attempts/`` for post-mortems)."""
-    path = directory / run.run_id
-    if not path.exists():
-        return
-    attempts = directory / ".attempts"
-    attempts.mkdir(exist_ok=True)
-    n = 1
-    while (attempts / f"{run.run_id}.{n}").exists():
-        n += 1
-    shutil.move(str(path), attempts / f"{run.run_id}.{n}")
-
-
 def run_sweep(sweep: Sweep, directory: str | Path, *, jobs: int | None = None, runner: Runner | None = None,
               say: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic) -> SweepResult:
     """Validate every grid point, then run what is not already done, ``jobs`` at a time."""
@@ -392,7 +369,7 @@ def run_sweep(sweep: Sweep, directory: str | Path, *, jobs: int | None = None, r
         raise SweepError([f"--jobs must be >= 1, got {jobs}"])
     stale = []
     for run in planned:
-        summary = _finished(directory, run)
+        summary = completed_summary(directory / run.run_id)
         if summary is not None and summary.get("plan_digest") not in (None, run.plan_digest):
             stale.append(f"{directory / run.run_id} holds a completed run of another plan "
                          f"(digest {summary.get('plan_digest')}, expected {run.plan_digest}): the scenario changed; use another --out")
@@ -404,7 +381,7 @@ def run_sweep(sweep: Sweep, directory: str | Path, *, jobs: int | None = None, r
     for run in planned:
         entry = {"run_id": run.run_id, "repetition": run.repetition, "seed": run.seed, "plan_digest": run.plan_digest,
                  "status": "pending", "error": None, "wall_s": None}
-        if _finished(directory, run) is not None:
+        if completed_summary(directory / run.run_id) is not None:
             entry.update(status="completed", reused=True)
         else:
             todo.append(run)
@@ -419,7 +396,7 @@ def run_sweep(sweep: Sweep, directory: str | Path, *, jobs: int | None = None, r
     interrupted = False
 
     def execute(run: PlannedRun) -> None:
-        _set_aside(directory, run)
+        set_aside(directory, run.run_id)
         state.update(run.run_id, status="running")
         t0 = clock()
         error = None
