@@ -68,7 +68,7 @@ def test_placement_by_device_group_and_role_and_from_the_plan():
 def test_configs_survive_swarm_templating():
     import json
 
-    from emulator.backends.swarm import _env_json
+    from emulator.backends.swarm.backend import _env_json
 
     config = {"name": "worker-0", "odd": "a {{.Node.ID}} b", "nested": {"x": [1, {"y": 2}]}}
     text = _env_json(config)
@@ -76,7 +76,7 @@ def test_configs_survive_swarm_templating():
 
 
 def test_kernel_features_of_a_swarm_are_what_every_node_offers():
-    from emulator.backends.swarm import _combine
+    from emulator.backends.swarm.backend import _combine
     from emulator.links import KernelFeatures
 
     combined = _combine([KernelFeatures(True, True, True, True), KernelFeatures(True, True, False, True, "no netem")])
@@ -120,7 +120,7 @@ def test_the_relay_carries_both_directions_and_the_ends_of_streams():
 
 
 def test_agent_messages_round_trip_and_need_the_token():
-    from emulator import agent
+    from emulator.backends.swarm import agent
     from emulator.runtime import protocol
 
     a, b = socket.socketpair()
@@ -132,8 +132,21 @@ def test_agent_messages_round_trip_and_need_the_token():
         agent.recv_message(b, token)
 
 
+def test_the_agent_runs_as_its_module_without_the_controller():
+    """The agent's tasks run ``python -m MODULE``; the node imports no plan, scenario, numpy or pydantic."""
+    import importlib.util
+
+    from emulator.backends.swarm import agent
+
+    assert importlib.util.find_spec(agent.MODULE).origin == agent.__file__
+    probe = "import sys, emulator.backends.swarm.agent; print(' '.join(m for m in ('emulator.plan', 'emulator.scenario', 'numpy', 'pydantic') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""
+
+
 def test_agent_resolves_node_paths_inside_the_node_root(tmp_path):
-    from emulator import agent
+    from emulator.backends.swarm import agent
 
     root = tmp_path / "root"
     (root / "run" / "docker" / "netns").mkdir(parents=True)
@@ -146,7 +159,8 @@ def test_agent_resolves_node_paths_inside_the_node_root(tmp_path):
 
 
 def test_agent_reads_a_process_tree_its_interfaces_and_memory():
-    from emulator import agent, procstats
+    from emulator import procstats
+    from emulator.backends.swarm import agent
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

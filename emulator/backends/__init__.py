@@ -8,7 +8,7 @@ from .base import Backend, BackendUnavailable, Endpoints, RunContext
 BACKENDS: dict[str, str] = {
     "local": "emulator.backends.local:LocalBackend",
     "docker": "emulator.backends.docker:DockerBackend",
-    "swarm": "emulator.backends.swarm:SwarmBackend",
+    "swarm": "emulator.backends.swarm.backend:SwarmBackend",
 }
 
 

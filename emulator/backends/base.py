@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from ..plan import DevicePlan, LinkPlan
+if TYPE_CHECKING:  # annotations only: the Swarm node agent imports this package without the controller's dependencies
+    from ..plan import DevicePlan, LinkPlan
 
 LINK_PROPERTIES = ("uplink", "downlink", "delay", "jitter", "loss")
 

@@ -11,7 +11,6 @@ run id; :func:`remove_labelled` finds and removes it after any crash.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import threading
@@ -22,12 +21,12 @@ from pathlib import Path
 
 from .. import links, procstats
 from ..plan import DevicePlan, LinkPlan
-from .base import Backend, BackendUnavailable, Endpoints, RunContext
+from .base import Backend, Endpoints, RunContext
+from .subnets import free_subnet
 
 LABEL = "edge-emulator"
 RUN_LABEL = "edge-emulator.run"
 DEVICE_LABEL = "edge-emulator.device"
-POOL = ipaddress.ip_network("198.18.0.0/15")
 SERVER_PORT = 7000
 DATA_MOUNT = "/data"
 CONFIG_MOUNT = "/etc/emulator"
@@ -43,28 +42,6 @@ def client(timeout: int = 120):
     import docker
 
     return docker.from_env(timeout=timeout)
-
-
-def _subnet_size(devices: int) -> int:
-    """Smallest prefix with room for every device, the gateway and some spare."""
-    for prefix in range(24, 14, -1):
-        if 2 ** (32 - prefix) - 8 >= devices:
-            return prefix
-    raise BackendUnavailable(f"{devices} devices do not fit in {POOL}")
-
-
-def _free_subnet(docker_client, prefix: int) -> ipaddress.IPv4Network:
-    used = []
-    for net in docker_client.networks.list():
-        for cfg in (net.attrs.get("IPAM") or {}).get("Config") or []:
-            try:
-                used.append(ipaddress.ip_network(cfg["Subnet"]))
-            except (KeyError, ValueError):
-                pass
-    for candidate in POOL.subnets(new_prefix=prefix):
-        if not any(candidate.overlaps(u) for u in used):
-            return candidate
-    raise BackendUnavailable(f"no free /{prefix} left in {POOL}")
 
 
 class DockerBackend(Backend):
@@ -104,7 +81,7 @@ class DockerBackend(Backend):
         self.ctx = ctx
         if self.image is None:
             self.image = images.ensure_runtime_image(self.docker, progress=self.say)
-        subnet = _free_subnet(self.docker, _subnet_size(len(devices)))
+        subnet = free_subnet(self.docker, len(devices))
         gateway = str(subnet.network_address + 1)
         self.server_ip = server_ip = str(subnet.network_address + 2)
         import docker.types

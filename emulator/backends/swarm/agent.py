@@ -3,11 +3,12 @@
 On one host the controller shapes links, changes CPU quotas and injects faults itself, in the
 device containers' namespaces and through the local Docker daemon. On a swarm the devices run
 on other machines, so every node runs one agent (a global service of the run, started from the
-same image as the devices, see :mod:`emulator.backends.swarm`). The agent dials the controller
-over the run's overlay network, says which node it is and what its kernel offers, and then
-serves requests: shape a device's link (the functions of :mod:`emulator.links`, unchanged),
-cut it, set a CPU quota and read it back, kill, pause and resume a device's container, sample
-interface bytes, CPU and memory, receive the data shards, and remove the run's files.
+same image as the devices plus two packages, see :mod:`.images`). The agent dials the
+controller over the run's overlay network (:mod:`.hub` is the controller's end), says which
+node it is and what its kernel offers, and then serves requests: shape a device's link (the
+functions of :mod:`emulator.links`, unchanged), cut it, set a CPU quota and read it back, kill,
+pause and resume a device's container, sample interface bytes, CPU and memory, receive the
+data shards, and remove the run's files.
 
 What the agent needs from its node, and how a Swarm service (API 1.41) gives it:
 
@@ -40,9 +41,10 @@ import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import links, procstats
-from .runtime import protocol
+from ... import links, procstats
+from ...runtime import protocol
 
+MODULE = "emulator.backends.swarm.agent"  # what the agent's and the janitor's tasks run: python -m MODULE
 HOST_PROC = "/host/proc"
 MAX_MESSAGE = 64 << 20
 CHUNK_BYTES = 4 << 20
@@ -50,7 +52,7 @@ DEVICE_UID = 10001
 SHIM_DIR = "/opt/edge-emulator-agent/bin"  # in the agent image
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 IPTABLES_SHIM = f"""#!/bin/sh
-# The node's own iptables, run in the current network namespace (emulator/agent.py).
+# The node's own iptables, run in the current network namespace (emulator/backends/swarm/agent.py).
 exec nsenter --mount={HOST_PROC}/${{EMU_RUNTIME_PID:?}}/ns/mnt -- env PATH={HOST_PATH} iptables "$@"
 """
 OVERLAY_SANDBOX_PREFIX = "1-"  # Docker names an overlay network's namespace 1-<first 10 characters of its id>

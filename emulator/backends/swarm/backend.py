@@ -12,523 +12,50 @@ must run on a node of the swarm, as root). A run gets:
   quota, set live by the node's agent (a NanoCPUs limit could only change through
   ``service update``, which replaces the task). Restarting a crashed device is a forced
   ``service update`` with its new configuration (a new task);
-* one **agent per node** (a global service, :mod:`emulator.agent`) that shapes links with
-  :mod:`emulator.links`, sets and reads back CPU quotas, kills, pauses and resumes containers,
-  samples counters, and keeps the run's data shards on its node;
+* one **agent per node** (a global service, :mod:`.agent`, reached through :mod:`.hub`) that
+  shapes links with :mod:`emulator.links`, sets and reads back CPU quotas, kills, pauses and
+  resumes containers, samples counters, and keeps the run's data shards on its node;
 * one **anchor**: a plain, idle container attached to the overlay on the controller's node. The
   controller opens sockets inside the anchor's network namespace: the agents' control port,
-  and a relay that carries the devices' trace connections to the collector, which listens on
-  the controller's loopback. Devices reach the controller over the overlay, from any node,
-  and the overlay stays internal.
+  and a relay (:mod:`.relay`) that carries the devices' trace connections to the collector,
+  which listens on the controller's loopback. Devices reach the controller over the overlay,
+  from any node, and the overlay stays internal.
 
-Images reach the nodes from a registry (``EMULATE_SWARM_REGISTRY``, filled by ``emulate
-images push``) or are copied from the controller's daemon to each node's daemon
-(``docker save | docker load`` through ``EMULATE_SWARM_NODE_DOCKER``); on one node nothing
-moves. Everything carries the ``edge-emulator`` labels with the run id, and
-:func:`remove_swarm_labelled` removes it (``emulate clean``), files on every node included.
+Images reach the nodes as :mod:`.images` says. Everything carries the ``edge-emulator`` labels
+with the run id, and :func:`.cleanup.remove_swarm_labelled` removes it (``emulate clean``),
+files on every node included.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import secrets
-import selectors
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .. import agent as agent_wire
-from .. import links
-from ..peerserver import PeerServer
-from ..plan import DevicePlan, LinkPlan
-from .base import Backend, BackendUnavailable, Endpoints, RunContext
-from .docker import (CHECKPOINT_MOUNT, CPU_PERIOD_US, DATA_MOUNT, DEVICE_LABEL, DEVICE_UID, LABEL, MODULES,
-                     RUN_LABEL, SERVER_PORT, START_THREADS, _free_subnet, _subnet_size, client)
+from ... import images, links
+from ...plan import DevicePlan, LinkPlan
+from ..base import Backend, BackendUnavailable, Endpoints, RunContext
+from ..docker import (CHECKPOINT_MOUNT, CPU_PERIOD_US, DATA_MOUNT, DEVICE_LABEL, DEVICE_UID, LABEL, MODULES, RUN_LABEL,
+                      SERVER_PORT, START_THREADS, client)
+from ..subnets import free_subnet
+from . import agent as agent_wire
+from .cleanup import remove_swarm_labelled
+from .hub import AgentError, AgentHub
+from .images import distribute_images, ensure_agent_image, push_images
+from .manager import ALIVE_STATES, FAILED_STATES, ROLE_LABEL, is_manager
+from .options import SwarmOptions, placement_of
+from .relay import Relay, listen_in_netns
 
-ROLE_LABEL = "edge-emulator.swarm"  # device | agent | anchor | janitor
-AGENT_REPO = "edge-emulator/agent"
-AGENT_PACKAGES = ("pyroute2", "docker")  # pure-Python wheels the agent adds to the runtime image
 AGENT_PORT = 7101
-NODE_ROOT = "/var/lib/edge-emulator/swarm"  # on every node: <root>/<run>/<node id>/{data,checkpoint}
 STOP_GRACE_NS = 3_000_000_000
 TASK_TIMEOUT_S = 180.0
 AGENT_TIMEOUT_S = 120.0
-CALL_TIMEOUT_S = 60.0
-ALIVE_STATES = {"new", "allocated", "pending", "assigned", "accepted", "preparing", "ready", "starting", "running"}
-FAILED_STATES = {"failed", "rejected", "orphaned", "complete", "shutdown", "remove"}
-RELAY_BUFFER = 1 << 20
-AGENT_DOCKERFILE = f"""\
-# The swarm agent: the runtime image (same code as the devices) plus pyroute2 and the Docker SDK.
-ARG BASE
-FROM ${{BASE}}
-LABEL edge-emulator="1" edge-emulator.role="agent"
-USER root
-COPY wheels/ /tmp/agent-wheels/
-RUN /opt/venv/bin/python -m pip install --no-index --no-deps --no-cache-dir --disable-pip-version-check /tmp/agent-wheels/*.whl \\
- && rm -rf /tmp/agent-wheels
-COPY bin/ {agent_wire.SHIM_DIR}/
-RUN chmod 0755 {agent_wire.SHIM_DIR}/*
-"""
-
-
-# -- options (no scenario field: where a run's devices go is the machine's business) -------------
-
-
-@dataclass(frozen=True)
-class SwarmOptions:
-    registry: str | None = None  # EMULATE_SWARM_REGISTRY: host:port the nodes pull from
-    encrypted: bool = False  # EMULATE_SWARM_ENCRYPT=1: IPsec on the run's overlay
-    placement: dict = field(default_factory=dict)  # EMULATE_SWARM_PLACEMENT: {device, group or role: [constraint | "spread=<label>"]}
-    node_docker: dict = field(default_factory=dict)  # EMULATE_SWARM_NODE_DOCKER: {node hostname or id: Docker URL}
-    reserve_cpus: bool = False  # EMULATE_SWARM_RESERVE_CPUS=1: schedule by the plan's CPUs (no overcommitted node)
-    node_root: str = NODE_ROOT
-
-    @classmethod
-    def from_env(cls, env=None) -> "SwarmOptions":
-        env = os.environ if env is None else env
-
-        def flag(name):
-            return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-        def mapping(name):
-            raw = env.get(name, "").strip()
-            if not raw:
-                return {}
-            try:
-                value = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise BackendUnavailable(f"{name} is not JSON: {exc}") from None
-            if not isinstance(value, dict):
-                raise BackendUnavailable(f"{name} must be a JSON object")
-            return value
-
-        placement = {str(k): tuple([v] if isinstance(v, str) else v) for k, v in mapping("EMULATE_SWARM_PLACEMENT").items()}
-        return cls(registry=env.get("EMULATE_SWARM_REGISTRY") or None, encrypted=flag("EMULATE_SWARM_ENCRYPT"),
-                   placement=placement, node_docker=mapping("EMULATE_SWARM_NODE_DOCKER"),
-                   reserve_cpus=flag("EMULATE_SWARM_RESERVE_CPUS"), node_root=env.get("EMULATE_SWARM_NODE_ROOT") or NODE_ROOT)
-
-
-def placement_of(device: DevicePlan, options: SwarmOptions) -> tuple[list[str], list[tuple[str, str]]]:
-    """(constraints, spread preferences) for a device: the plan's ``placement`` when the
-    scenario has one, then the options' entries for its name, its group and its role."""
-    entries = list(getattr(device, "placement", None) or ())
-    for key in dict.fromkeys((device.name, device.group, device.role)):
-        entries += options.placement.get(key, ())
-    constraints = [e for e in entries if not e.startswith("spread=")]
-    spread = [("spread", e.split("=", 1)[1]) for e in entries if e.startswith("spread=")]
-    return constraints, spread
-
-
-# -- images ---------------------------------------------------------------------------------
-
-
-def _agent_wheels(progress) -> Path:
-    """The agent's extra wheels, the controller's own versions, downloaded once."""
-    from .. import images
-
-    pins = [f"{name}=={importlib.metadata.version(name)}" for name in AGENT_PACKAGES]
-    target = images.cache_root() / "agent-wheels" / hashlib.sha256(" ".join(pins).encode()).hexdigest()[:16]
-    if (target / "complete").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix="partial-", dir=target.parent))
-    try:
-        progress(f"[agent] downloading {', '.join(pins)}")
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps",
-                               "--only-binary=:all:", "-d", str(partial), *pins], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise images.ImageBuildError(f"pip download {' '.join(pins)} failed: {done.stderr.strip()[-2000:]}")
-        (partial / "complete").write_text(" ".join(pins) + "\n")
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
-        return target
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-
-
-def ensure_agent_image(docker_client, runtime_tag: str, progress=lambda line: None) -> str:
-    """The agent image for this runtime image (built in seconds, no network in the build)."""
-    from .. import images
-
-    wheels = _agent_wheels(progress)
-    runtime_id = docker_client.images.get(runtime_tag).id
-    digest = hashlib.sha256(AGENT_DOCKERFILE.encode() + agent_wire.IPTABLES_SHIM.encode() + runtime_id.encode()
-                            + " ".join(sorted(p.name for p in wheels.glob("*.whl"))).encode()).hexdigest()
-    tag = f"{AGENT_REPO}:{digest[:12]}"
-    try:
-        docker_client.images.get(tag)
-        return tag
-    except Exception:  # noqa: BLE001 - not built yet
-        pass
-    context = Path(tempfile.mkdtemp(prefix="agent-build-", dir=images.cache_root()))
-    try:
-        (context / "Dockerfile").write_text(AGENT_DOCKERFILE)
-        (context / "wheels").mkdir()
-        (context / "bin").mkdir()
-        (context / "bin" / "iptables").write_text(agent_wire.IPTABLES_SHIM)
-        for wheel in wheels.glob("*.whl"):
-            shutil.copy2(wheel, context / "wheels" / wheel.name)
-        progress(f"[agent] building {tag} on {runtime_tag}")
-        images._docker_build(docker_client, context, tag, runtime_tag, progress)
-    finally:
-        shutil.rmtree(context, ignore_errors=True)
-    for image in docker_client.images.list(name=AGENT_REPO):
-        for ref in image.tags:
-            if ref != tag:
-                try:
-                    docker_client.images.remove(ref)
-                except Exception:  # noqa: BLE001 - in use: keep it
-                    pass
-    images._remove_older_runtimes(docker_client, keep=runtime_tag, progress=progress)
-    return tag
-
-
-def push_images(docker_client, registry: str, progress=lambda line: None) -> list[str]:
-    """Tag the runtime and agent images for ``registry`` and push them; returns the references."""
-    from docker.errors import APIError
-
-    from .. import images
-
-    runtime = images.ensure_runtime_image(docker_client, progress=progress)
-    refs = []
-    for ref in (runtime, ensure_agent_image(docker_client, runtime, progress)):
-        repo, tag = ref.rsplit(":", 1)
-        target = f"{registry.rstrip('/')}/{repo}"
-        docker_client.images.get(ref).tag(target, tag)
-        progress(f"[push] {target}:{tag}")
-        try:
-            for event in docker_client.api.push(target, tag, stream=True, decode=True):
-                if "error" in event:
-                    raise images.ImageBuildError(f"pushing {target}:{tag}: {event['error']}")
-        except APIError as exc:
-            raise images.ImageBuildError(f"pushing {target}:{tag}: {exc.explanation or exc}") from None
-        refs.append(f"{target}:{tag}")
-    return refs
-
-
-def _has_image(docker_client, ref: str) -> bool:
-    try:
-        docker_client.images.get(ref)
-        return True
-    except Exception:  # noqa: BLE001 - not there
-        return False
-
-
-def distribute_images(manager, refs: list[str], nodes: list[dict], options: SwarmOptions, say=lambda line: None) -> dict[str, str]:
-    """Make ``refs`` present on every node: nodes pull them from the registry when one is
-    configured, else each node's daemon loads them from the controller's (``docker save``
-    streamed into ``docker load``, only what it lacks). The controller's own node already has
-    them: on one node this moves nothing. Returns node id -> what was done."""
-    import docker
-
-    local = manager.info()["Swarm"]["NodeID"]
-    done = {}
-    for node in nodes:
-        node_id, hostname = node["ID"], node["Description"]["Hostname"]
-        if node_id == local:
-            done[node_id] = "local"
-            continue
-        if options.registry:
-            done[node_id] = "registry"
-            continue
-        url = options.node_docker.get(hostname) or options.node_docker.get(node_id)
-        if not url:
-            raise BackendUnavailable(
-                f"node {hostname} ({node_id}) cannot get the images: configure a registry (EMULATE_SWARM_REGISTRY, "
-                f"then `emulate images push REGISTRY`) or give its Docker API in EMULATE_SWARM_NODE_DOCKER")
-        remote = docker.DockerClient(base_url=url, timeout=1800)
-        try:
-            missing = [ref for ref in refs if not _has_image(remote, ref)]
-            if missing:
-                say(f"[images] loading {', '.join(missing)} onto {hostname}")
-                started = time.monotonic()
-                response = manager.api._get(manager.api._url("/images/get"), params={"names": missing}, stream=True)
-                manager.api._raise_for_status(response)
-                for event in remote.api.load_image(response.iter_content(1 << 20)):  # streams while it loads
-                    if "error" in event:
-                        raise BackendUnavailable(f"node {hostname}: docker load: {event['error']}")
-                missing = [ref for ref in refs if not _has_image(remote, ref)]
-                if missing:
-                    raise BackendUnavailable(f"node {hostname}: docker load did not produce {', '.join(missing)}")
-                done[node_id] = f"loaded in {time.monotonic() - started:.1f}s"
-            else:
-                done[node_id] = "present"
-        finally:
-            remote.close()
-    return done
-
-
-# -- sockets in another network namespace; the relay ----------------------------------------
-
-
-def listen_in_netns(netns_path: str, address: tuple[str, int]) -> socket.socket:
-    """A listening TCP socket created inside the network namespace at ``netns_path`` (a short
-    thread enters it; the socket stays there, usable from any thread)."""
-    try:
-        return links.in_netns(netns_path, lambda: socket.create_server(address, backlog=1024))
-    except links.LinkError as exc:
-        raise BackendUnavailable(str(exc)) from exc
-
-
-class Relay:
-    """Carries every connection accepted on ``listener`` to ``target`` and back, on one thread.
-
-    The devices' trace connections arrive in the anchor's namespace (on the overlay); the
-    collector listens on the controller's loopback. Each direction keeps at most
-    ``RELAY_BUFFER`` bytes in flight; an end's EOF is passed on once its data is through."""
-
-    def __init__(self, listener: socket.socket, target: tuple[str, int]):
-        self.listener = listener
-        self.target = target
-        self.connections = 0
-        self._selector = selectors.DefaultSelector()
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"relay-{target[1]}", daemon=True)
-
-    def start(self) -> "Relay":
-        self.listener.setblocking(False)
-        self._selector.register(self.listener, selectors.EVENT_READ, None)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._closed.set()
-        self._thread.join(timeout=5)
-        for key in list(self._selector.get_map().values()):
-            try:
-                key.fileobj.close()
-            except OSError:
-                pass
-        self._selector.close()
-
-    def _loop(self) -> None:
-        while not self._closed.is_set():
-            for key, mask in self._selector.select(timeout=0.5):
-                if key.data is None:
-                    self._accept()
-                    continue
-                end: _End = key.data
-                try:
-                    if mask & selectors.EVENT_WRITE:
-                        self._write(end)
-                    if mask & selectors.EVENT_READ and not end.closed:
-                        self._read(end)
-                except OSError:
-                    self._close(end)
-
-    def _accept(self) -> None:
-        try:
-            conn, _ = self.listener.accept()
-        except OSError:
-            return
-        try:
-            upstream = socket.create_connection(self.target, timeout=5)
-        except OSError:
-            conn.close()
-            return
-        self.connections += 1
-        a, b = _End(conn), _End(upstream)
-        a.peer, b.peer = b, a
-        for end in (a, b):
-            end.sock.setblocking(False)
-            self._update(end)
-
-    def _read(self, end: "_End") -> None:
-        try:
-            data = end.sock.recv(65536)
-        except BlockingIOError:
-            return
-        if data:
-            end.peer.pending += data
-            self._write(end.peer)
-        else:
-            end.eof = True
-            self._write(end.peer)  # passes the EOF on once the peer's backlog is through
-        self._update(end)
-
-    def _write(self, end: "_End") -> None:
-        if end.pending:
-            try:
-                del end.pending[:end.sock.send(end.pending)]
-            except BlockingIOError:
-                pass
-        if not end.pending and end.peer.eof and not end.write_shut:
-            end.write_shut = True
-            end.sock.shutdown(socket.SHUT_WR)
-        self._update(end)
-        self._update(end.peer)
-
-    def _update(self, end: "_End") -> None:
-        """Read while the peer's backlog is small, write while ours is not empty, close when done."""
-        if end.closed:
-            return
-        if end.eof and end.peer.eof and not end.pending and not end.peer.pending:
-            self._close(end)
-            return
-        events = 0
-        if not end.eof and len(end.peer.pending) < RELAY_BUFFER:
-            events |= selectors.EVENT_READ
-        if end.pending:
-            events |= selectors.EVENT_WRITE
-        if events == end.events:
-            return
-        if not end.events:
-            self._selector.register(end.sock, events, end)
-        elif not events:
-            self._selector.unregister(end.sock)
-        else:
-            self._selector.modify(end.sock, events, end)
-        end.events = events
-
-    def _close(self, end: "_End") -> None:
-        for side in (end, end.peer):
-            if side.closed:
-                continue
-            side.closed = True
-            if side.events:
-                self._selector.unregister(side.sock)
-                side.events = 0
-            side.sock.close()
-
-
-class _End:
-    """One socket of a relayed connection; ``pending`` is what waits to be written to it."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self.peer: _End | None = None
-        self.pending = bytearray()
-        self.events = 0
-        self.eof = False
-        self.write_shut = False
-        self.closed = False
-
-
-# -- the controller's end of the agents ------------------------------------------------------
-
-
-class AgentError(RuntimeError):
-    """An agent did not answer, or could not do what it was asked."""
-
-
-class AgentHub(PeerServer):
-    """Agents dial in (one per node), say hello, then answer requests by id."""
-
-    thread_name = "agent-hub"
-
-    def __init__(self, token: bytes, listener: socket.socket, on_hello=None):
-        super().__init__(listener)
-        self.token = token
-        self.on_hello = on_hello or (lambda node, hello: None)
-        self.hellos: dict[str, dict] = {}
-        self.ready: dict[str, threading.Event] = {}
-        self._pending: dict[int, Future] = {}
-        self._ids = iter(range(1, 1 << 62))
-        self._pool = ThreadPoolExecutor(16, thread_name_prefix="agent-call")
-
-    def close(self) -> None:
-        super().close()
-        self._pool.shutdown(wait=False)
-
-    def _serve(self, sock: socket.socket, peer=None) -> None:
-        node = None
-        try:
-            sock.settimeout(30)
-            message, _ = agent_wire.recv_message(sock, self.token)
-            sock.settimeout(None)
-            hello = message.get("hello") or {}
-            node = str(hello.get("node", ""))
-            if not node or self._closed.is_set():
-                return
-            with self._lock:
-                old = self._peers.get(node)
-                self._peers[node] = (sock, threading.Lock())
-                self.hellos[node] = hello
-                self.ready.setdefault(node, threading.Event()).clear()
-            if old is not None:
-                old[0].close()
-            try:
-                self._pool.submit(self._welcome, node, hello)
-            except RuntimeError:  # closing
-                return
-            while True:
-                reply, _ = agent_wire.recv_message(sock, self.token)
-                with self._lock:
-                    future = self._pending.pop(reply.get("id"), None)
-                if future is None:
-                    continue
-                if "error" in reply:
-                    future.set_exception(AgentError(f"agent on {self.hostname(node)}: {reply['error']}"))
-                else:
-                    future.set_result(reply.get("result"))
-        except (OSError, agent_wire.protocol.ProtocolError):
-            pass
-        finally:
-            with self._lock:
-                if node and self._peers.get(node, (None,))[0] is sock:
-                    del self._peers[node]
-            sock.close()
-
-    def _welcome(self, node: str, hello: dict) -> None:
-        try:
-            self.on_hello(node, hello)
-            self.ready[node].set()
-        except Exception as exc:  # noqa: BLE001 - recorded; wait_for reports it
-            hello["welcome_error"] = f"{type(exc).__name__}: {exc}"
-            self.ready[node].set()
-
-    def hostname(self, node: str) -> str:
-        return (self.hellos.get(node) or {}).get("hostname") or node
-
-    def request(self, node: str, op: str, payload: bytes = b"", **args) -> Future:
-        future: Future = Future()
-        with self._lock:
-            peer = self._peers.get(node)
-            request_id = next(self._ids)
-            if peer is not None:
-                self._pending[request_id] = future
-        if peer is None:
-            future.set_exception(AgentError(f"no agent connected for node {self.hostname(node)}"))
-            return future
-        sock, lock = peer
-        try:
-            with lock:
-                agent_wire.send_message(sock, self.token, {"id": request_id, "op": op, "args": args}, payload)
-        except OSError as exc:
-            with self._lock:
-                self._pending.pop(request_id, None)
-            future.set_exception(AgentError(f"agent on {self.hostname(node)}: {exc}"))
-        return future
-
-    def call(self, node: str, op: str, payload: bytes = b"", timeout: float = CALL_TIMEOUT_S, **args):
-        future = self.request(node, op, payload, **args)
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            raise AgentError(f"agent on {self.hostname(node)}: no answer to {op} in {timeout:g}s") from None
-
-    def wait_for(self, nodes: list[str], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        for node in nodes:
-            with self._lock:
-                event = self.ready.setdefault(node, threading.Event())
-            if not event.wait(max(0.0, deadline - time.monotonic())):
-                raise AgentError(f"no agent from node {node} after {timeout:g}s")
-            if "welcome_error" in self.hellos.get(node, {}):
-                raise AgentError(f"agent on {self.hostname(node)}: {self.hellos[node]['welcome_error']}")
-
-
-# -- the backend --------------------------------------------------------------------------------
 
 
 @dataclass
@@ -558,16 +85,6 @@ def _service_name(run_id: str, device: str) -> str:
     if len(name) <= 63:
         return name
     return f"emu-{hashlib.sha256(run_id.encode()).hexdigest()[:12]}-{device}"[:63]
-
-
-def _is_manager(docker_client) -> tuple[bool, str]:
-    swarm = docker_client.info().get("Swarm") or {}
-    if swarm.get("LocalNodeState") != "active":
-        return False, ("this Docker daemon is not in a swarm (`docker swarm init --default-addr-pool 198.19.0.0/16`, "
-                       "or point DOCKER_HOST at a manager)")
-    if not swarm.get("ControlAvailable"):
-        return False, "this Docker daemon is a swarm worker, not a manager"
-    return True, ""
 
 
 class SwarmBackend(Backend):
@@ -611,7 +128,7 @@ class SwarmBackend(Backend):
             docker_client.ping()
         except Exception as exc:  # noqa: BLE001 - any failure means "not here"
             return False, f"no Docker daemon answers ({type(exc).__name__})"
-        ok, why = _is_manager(docker_client)
+        ok, why = is_manager(docker_client)
         if not ok:
             return False, why
         try:
@@ -634,11 +151,9 @@ class SwarmBackend(Backend):
         return labels
 
     def prepare(self, ctx, devices):
-        from .. import images
-
         self.ctx = ctx
         self.devices = {d.name: d for d in devices}
-        ok, why = _is_manager(self.docker)
+        ok, why = is_manager(self.docker)
         if not ok:
             raise BackendUnavailable(why)
         self.nodes = self._ready_nodes()
@@ -668,7 +183,7 @@ class SwarmBackend(Backend):
     def _create_network(self, devices: int) -> None:
         import docker.types
 
-        subnet = _free_subnet(self.docker, _subnet_size(devices + 2 * len(self.nodes) + 8))
+        subnet = free_subnet(self.docker, devices + 2 * len(self.nodes) + 8)
         ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet), gateway=str(subnet.network_address + 1))])
         self.network_name = f"emu-{self.ctx.run_id}"
         network = self.docker.networks.create(
@@ -702,7 +217,7 @@ class SwarmBackend(Backend):
                "EMU_AGENT_NODE": "{{.Node.ID}}", "EMU_AGENT_HOSTNAME": "{{.Node.Hostname}}", "EMU_AGENT_RUN": self.ctx.run_id,
                "EMU_AGENT_ROOT": self.options.node_root, "PYTHONUNBUFFERED": "1"}
         spec = T.ContainerSpec(
-            self.agent_image, command=["python", "-m", "emulator.agent"], env=env, user="0:0", init=True,
+            self.agent_image, command=["python", "-m", agent_wire.MODULE], env=env, user="0:0", init=True,
             labels=self._labels("agent"), read_only=True, cap_add=["NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"],
             mounts=[T.Mount("/var/run/docker.sock", "/var/run/docker.sock", type="bind"),
                     T.Mount(agent_wire.HOST_PROC, "/proc", type="bind", read_only=True),
@@ -1016,92 +531,3 @@ class SwarmBackend(Backend):
                 self.docker.api.remove_service(service)
             except Exception:  # noqa: BLE001 - already gone
                 pass
-
-
-# -- cleaning up, by label, across the swarm ----------------------------------------------------
-
-
-def remove_swarm_labelled(run_id: str | None = None, docker_client=None, *, janitor: bool = True, say=lambda line: None) -> list[str]:
-    """Remove the services (devices, agents), overlay networks and anchors of one run or of
-    every run; with ``janitor``, also the run's files on every node (a global job)."""
-    docker_client = docker_client or client(timeout=60)
-    try:
-        ok, _ = _is_manager(docker_client)
-    except Exception:  # noqa: BLE001 - no daemon
-        return []
-    label = f"{RUN_LABEL}={run_id}" if run_id else LABEL
-    removed = []
-    if ok:
-        services = docker_client.api.services(filters={"label": label})
-        agent_images = [s["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"] for s in services
-                        if s["Spec"].get("Labels", {}).get(ROLE_LABEL) == "agent"]
-        runs = sorted({s["Spec"].get("Labels", {}).get(RUN_LABEL, "") for s in services} - {""})
-        for service in services:
-            if service["Spec"].get("Labels", {}).get(ROLE_LABEL) == "janitor":
-                continue
-            try:
-                docker_client.api.remove_service(service["ID"])
-                removed.append(f"service {service['Spec']['Name']}")
-            except Exception as exc:  # noqa: BLE001 - report, keep cleaning
-                removed.append(f"service {service['Spec']['Name']} NOT removed: {exc}")
-        if janitor and agent_images and runs:
-            removed += _run_janitor(docker_client, agent_images[0], runs if run_id else ["*"], say)
-    for container in docker_client.api.containers(all=True, filters={"label": [label, f"{ROLE_LABEL}=anchor"]}):
-        name = container["Names"][0].lstrip("/")
-        try:
-            docker_client.api.remove_container(container["Id"], force=True)
-            removed.append(f"container {name}")
-        except Exception as exc:  # noqa: BLE001
-            removed.append(f"container {name} NOT removed: {exc}")
-    if ok:
-        deadline = time.monotonic() + 60
-        for network in docker_client.networks.list(filters={"label": label, "driver": "overlay"}):
-            while True:
-                try:
-                    network.remove()
-                    removed.append(f"network {network.name}")
-                    break
-                except Exception as exc:  # noqa: BLE001 - tasks still detaching
-                    if time.monotonic() > deadline:
-                        removed.append(f"network {network.name} NOT removed: {exc}")
-                        break
-                    time.sleep(0.5)
-        # Swarm removes a network once the last task has left it, and a task's container once
-        # the task is gone: wait for both (on this node), so that nothing labelled is left.
-        while time.monotonic() < deadline:
-            if not docker_client.api.networks(filters={"label": label, "driver": "overlay"}) and not any(
-                    "com.docker.swarm.service.id" in (c.get("Labels") or {}) for c in docker_client.api.containers(all=True, filters={"label": label})):
-                break
-            time.sleep(0.5)
-    return removed
-
-
-def _run_janitor(docker_client, image: str, runs: list[str], say) -> list[str]:
-    """A global job that deletes the runs' directories on every node, then goes."""
-    import docker.types as T
-
-    options = SwarmOptions.from_env()
-    name = f"emu-janitor-{secrets.token_hex(4)}"
-    labels = {LABEL: "1", ROLE_LABEL: "janitor", **({RUN_LABEL: runs[0]} if len(runs) == 1 and runs != ["*"] else {})}
-    spec = T.ContainerSpec(image, command=["python", "-m", "emulator.agent", "--clean", options.node_root, *runs], user="0:0",
-                           cap_add=["SYS_PTRACE"], read_only=True, labels=labels,
-                           mounts=[T.Mount(agent_wire.HOST_PROC, "/proc", type="bind", read_only=True)])
-    try:
-        service = docker_client.api.create_service(T.TaskTemplate(spec, restart_policy=T.RestartPolicy("none")), name=name,
-                                                   labels=labels, mode=T.ServiceMode("global-job"))["ID"]
-    except Exception as exc:  # noqa: BLE001 - no job support: the files stay, say so
-        say(f"swarm: the runs' files on the nodes were not removed ({exc})")
-        return []
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            tasks = docker_client.api.tasks(filters={"service": service})
-            if tasks and all(t["Status"]["State"] in FAILED_STATES for t in tasks):
-                break
-            time.sleep(0.5)
-        return [f"files of {'every run' if runs == ['*'] else ', '.join(runs)} on {len(tasks)} node(s)"]
-    finally:
-        try:
-            docker_client.api.remove_service(service)
-        except Exception:  # noqa: BLE001
-            pass
