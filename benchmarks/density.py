@@ -174,7 +174,7 @@ def run(quick: bool = False) -> dict:
         data = dataset()
     except ValueError as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
-    from emulator import images
+    from emulator.host import images
     from emulator.backends.docker import START_THREADS, client
 
     docker = client()

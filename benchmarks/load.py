@@ -43,7 +43,7 @@ class ServerWatch:
     """The server's memory once a second, beside its own counters from the traces."""
 
     def __init__(self, server: ServerProcess):
-        from emulator.procstats import memory
+        from emulator.host.procstats import memory
 
         self._memory = memory
         self.server = server

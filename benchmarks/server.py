@@ -161,7 +161,7 @@ def _pusher_with_pull(address, token, worker, messages, seconds, ready, pull, st
 
 
 def _cpu_s(pid: int) -> float:
-    from emulator.procstats import cpu_seconds
+    from emulator.host.procstats import cpu_seconds
 
     return cpu_seconds(pid) or 0.0
 

@@ -5,7 +5,7 @@ local devices live in cgroups under ``edge-emulator/<run-id>``. Cleaning finds t
 marks alone, so it works from a fresh shell after a SIGKILL. Qdiscs on the host side of a
 container's veth go with the veth when the container is removed. What belongs to no run is
 removed too: the throwaway veth pair (``emuprobe*``) and iptables chain (``EMU-*`` on the
-host) that :func:`emulator.links.detect` makes for a moment, should a controller have been
+host) that :func:`emulator.host.links.detect` makes for a moment, should a controller have been
 killed in that moment.
 """
 
@@ -15,7 +15,7 @@ import shlex
 import subprocess
 from typing import Callable
 
-from . import cgroups
+from .host import cgroups
 
 HOST_CHAIN_PREFIX = "EMU-"
 DOCKER_ROUNDS = 5  # passes of label-based removal, a second apart, until nothing labelled is left
@@ -47,7 +47,7 @@ def remove_probe_leftovers(say: Callable[[str], None] = print) -> list[str]:
     """The kernel probe's veth pair and the emulator's iptables chains in the host's namespace."""
     removed = []
     try:
-        from .links import PROBE_IFACES, rtnl
+        from .host.links import PROBE_IFACES, rtnl
 
         with rtnl() as ipr:
             for name in PROBE_IFACES:

@@ -302,7 +302,7 @@ def images():
 @click.option("--force", is_flag=True, help="Rebuild even if the tag exists.")
 def images_build(force):
     """Build the runtime image if it is missing (base, wheels, code layer)."""
-    from . import images as image_lib
+    from .host import images as image_lib
 
     docker_client = _docker_client()
     try:
@@ -315,7 +315,7 @@ def images_build(force):
 @images.command("status")
 def images_status():
     """Which base and runtime image exist, and whether the runtime image matches the code."""
-    from . import images as image_lib
+    from .host import images as image_lib
 
     click.echo(json.dumps(image_lib.image_status(_docker_client()), indent=1))
 
@@ -325,7 +325,7 @@ def images_status():
 def images_push(registry):
     """Push the runtime and swarm agent images to REGISTRY (host:port), for the nodes of a swarm
     to pull (then run with EMULATE_SWARM_REGISTRY=REGISTRY)."""
-    from . import images as image_lib
+    from .host import images as image_lib
     from .backends.swarm import push_images
 
     if not REGISTRY.fullmatch(registry):  # found now, not after building the image

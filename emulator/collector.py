@@ -12,7 +12,7 @@ import socket
 import threading
 from typing import Callable
 
-from .peerserver import PeerServer
+from .host.peerserver import PeerServer
 from .rundir import STREAMS, RunDirectory
 from .runtime import protocol
 

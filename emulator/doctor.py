@@ -6,7 +6,7 @@ import os
 import platform
 from pathlib import Path
 
-from . import cgroups
+from .host import cgroups
 
 
 def diagnose() -> list[tuple[str, str, str]]:
@@ -34,7 +34,7 @@ def diagnose() -> list[tuple[str, str, str]]:
     rows.append(("cgroups", "ok" if ok else "warn", f"{version}; " + ("CPU quotas enforceable for local devices" if ok else why)))
 
     if os.geteuid() == 0:
-        from . import links
+        from .host import links
         from .plan import LinkPlan
 
         features = links.detect()
@@ -49,7 +49,7 @@ def diagnose() -> list[tuple[str, str, str]]:
 
     if docker_ok:
         try:
-            from . import images
+            from .host import images
 
             status = images.image_status()
             state = "up to date" if status.get("up_to_date") else "missing or stale (built on first run, or: emulate images build)"

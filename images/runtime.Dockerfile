@@ -1,5 +1,5 @@
 # The one runtime image of the edge emulator: the parameter server, the workers and the
-# evaluator all run from it. Built by emulator/images.py (ensure_runtime_image), never by hand:
+# evaluator all run from it. Built by emulator/host/images.py (ensure_runtime_image), never by hand:
 # the build runs with --network none; the wheels are downloaded on the host beforehand and
 # arrive in the build context (wheels/), the project code in src/.
 #

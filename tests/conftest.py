@@ -57,6 +57,6 @@ def docker_client():
 @pytest.fixture(scope="session")
 def runtime_image(docker_client):
     """The runtime image for the current code (built once per session if missing)."""
-    from emulator import images
+    from emulator.host import images
 
     return images.ensure_runtime_image(docker_client, progress=lambda line: None)

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from emulator import images
+from emulator.host import images
 
-ROOT = pathlib.Path(images.__file__).resolve().parent.parent
+ROOT = pathlib.Path(images.__file__).resolve().parents[2]  # emulator/host/images.py -> the project
 FAKE_BASE_ID = "sha256:" + "ab" * 32
 
 
@@ -28,7 +28,7 @@ def tree(tmp_path: pathlib.Path) -> pathlib.Path:
 
 def test_code_files_are_python_sources_of_the_runtime_packages():
     files = images.code_files(ROOT)
-    assert pathlib.Path("emulator/images.py") in files
+    assert pathlib.Path("emulator/host/images.py") in files
     assert pathlib.Path("compression/__init__.py") in files
     assert all(f.suffix == ".py" and f.parts[0] in images.CODE_PACKAGES for f in files)
     assert not any("__pycache__" in f.parts for f in files)

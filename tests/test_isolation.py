@@ -163,7 +163,7 @@ def test_device_containers_are_isolated_and_strangers_refused(docker_client, run
 @pytest.mark.skipif(os.geteuid() != 0, reason="entering a network namespace needs root")
 def test_sockets_made_in_another_network_namespace_live_there(tmp_path):
     """links.in_netns: what it makes belongs to that namespace; errors come back to the caller."""
-    from emulator import links
+    from emulator.host import links
 
     name = f"emutest{secrets.token_hex(2)}"
     subprocess.run(["ip", "netns", "add", name], check=True)

@@ -8,7 +8,7 @@ def test_memory_reads_rss_each_time_and_pss_at_most_every_interval(monkeypatch):
     # device it took a share of the CPUs the devices emulate. RSS stays fresh (statm is cheap).
     import os
 
-    from emulator import procstats
+    from emulator.host import procstats
 
     opened = []
     real_open = open

@@ -77,7 +77,7 @@ def test_configs_survive_swarm_templating():
 
 def test_kernel_features_of_a_swarm_are_what_every_node_offers():
     from emulator.backends.swarm.backend import _combine
-    from emulator.links import KernelFeatures
+    from emulator.host.links import KernelFeatures
 
     combined = _combine([KernelFeatures(True, True, True, True), KernelFeatures(True, True, False, True, "no netem")])
     assert (combined.htb, combined.tbf, combined.netem, combined.iptables_statistic) == (True, True, False, True)
@@ -159,7 +159,7 @@ def test_agent_resolves_node_paths_inside_the_node_root(tmp_path):
 
 
 def test_agent_reads_a_process_tree_its_interfaces_and_memory():
-    from emulator import procstats
+    from emulator.host import procstats
     from emulator.backends.swarm import agent
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -357,7 +357,7 @@ def test_sigkill_then_clean_leaves_nothing_on_swarm(swarm, runtime_image, tmp_pa
 @pytest.mark.docker
 @pytest.mark.slow
 def test_images_on_one_node_move_nothing(swarm, runtime_image):
-    from emulator import images
+    from emulator.host import images
     from emulator.backends.base import BackendUnavailable
     from emulator.backends.swarm import SwarmOptions, distribute_images, ensure_agent_image
 
@@ -496,7 +496,7 @@ def test_two_nodes_workers_on_one_server_on_the_other(docker_client, runtime_ima
     blocker = _multinode_blocker()
     if blocker:
         pytest.skip(f"two Docker daemons cannot run here: {blocker}")
-    from emulator import images
+    from emulator.host import images
     from emulator.backends.swarm import ensure_agent_image
 
     runtime = images.ensure_runtime_image(docker_client, progress=lambda line: None)

@@ -5,7 +5,7 @@ root filesystem, no capabilities, no new privileges, memory and pids limits) wit
 quota set through ``cpu_period``/``cpu_quota`` so it can change live. The run gets its own
 ``--internal`` bridge network in 198.18.0.0/15; the controller's collector listens on that
 network's gateway. Links are shaped from the host in each container's namespace
-(:mod:`emulator.links`), so containers need no NET_ADMIN. Everything is labelled with the
+(:mod:`emulator.host.links`), so containers need no NET_ADMIN. Everything is labelled with the
 run id; :func:`remove_labelled` finds and removes it after any crash.
 """
 
@@ -19,7 +19,7 @@ from typing import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .. import links, procstats
+from ..host import links, procstats
 from ..plan import DevicePlan, LinkPlan
 from .base import Backend, Endpoints, RunContext
 from .subnets import free_subnet
@@ -76,7 +76,7 @@ class DockerBackend(Backend):
     # -- run set-up ----------------------------------------------------------------------
 
     def prepare(self, ctx, devices):
-        from .. import images
+        from ..host import images
 
         self.ctx = ctx
         if self.image is None:

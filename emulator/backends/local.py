@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import cgroups, procstats
+from ..host import cgroups, procstats
 from ..plan import DevicePlan, LinkPlan
 from .base import Backend, Endpoints, RunContext
 

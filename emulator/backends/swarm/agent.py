@@ -6,7 +6,7 @@ on other machines, so every node runs one agent (a global service of the run, st
 same image as the devices plus two packages, see :mod:`.images`). The agent dials the
 controller over the run's overlay network (:mod:`.hub` is the controller's end), says which
 node it is and what its kernel offers, and then serves requests: shape a device's link (the
-functions of :mod:`emulator.links`, unchanged), cut it, set a CPU quota and read it back, kill,
+functions of :mod:`emulator.host.links`, unchanged), cut it, set a CPU quota and read it back, kill,
 pause and resume a device's container, sample interface bytes, CPU and memory, receive the
 data shards, and remove the run's files.
 
@@ -41,7 +41,7 @@ import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ... import links, procstats
+from ...host import links, procstats
 from ...runtime import protocol
 
 MODULE = "emulator.backends.swarm.agent"  # what the agent's and the janitor's tasks run: python -m MODULE

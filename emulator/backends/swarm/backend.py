@@ -13,7 +13,7 @@ must run on a node of the swarm, as root). A run gets:
   ``service update``, which replaces the task). Restarting a crashed device is a forced
   ``service update`` with its new configuration (a new task);
 * one **agent per node** (a global service, :mod:`.agent`, reached through :mod:`.hub`) that
-  shapes links with :mod:`emulator.links`, sets and reads back CPU quotas, kills, pauses and
+  shapes links with :mod:`emulator.host.links`, sets and reads back CPU quotas, kills, pauses and
   resumes containers, samples counters, and keeps the run's data shards on its node;
 * one **anchor**: a plain, idle container attached to the overlay on the controller's node. The
   controller opens sockets inside the anchor's network namespace: the agents' control port,
@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ... import images, links
+from ...host import images, links
 from ...plan import DevicePlan, LinkPlan
 from ..base import Backend, BackendUnavailable, Endpoints, RunContext
 from ..docker import (CHECKPOINT_MOUNT, CPU_PERIOD_US, DATA_MOUNT, DEVICE_LABEL, DEVICE_UID, LABEL, MODULES, RUN_LABEL,

@@ -8,7 +8,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ...peerserver import PeerServer
+from ...host.peerserver import PeerServer
 from . import agent as agent_wire
 
 CALL_TIMEOUT_S = 60.0

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ... import images
+from ...host import images
 from ..base import BackendUnavailable
 from . import agent as agent_wire
 from .options import SwarmOptions

@@ -8,7 +8,7 @@ import selectors
 import socket
 import threading
 
-from ... import links
+from ...host import links
 from ..base import BackendUnavailable
 
 RELAY_BUFFER = 1 << 20

@@ -35,7 +35,7 @@ TARGET_PYTHON = "3.11"  # the Python of both bases; the wheels are downloaded fo
 
 # Bump when the way an image is assembled changes without the Dockerfile changing.
 _HASH_SCHEMA = b"edge-emulator-runtime/1\n"
-_SOURCE_ROOT = pathlib.Path(__file__).resolve().parent.parent
+_SOURCE_ROOT = pathlib.Path(__file__).resolve().parents[2]  # emulator/host/images.py -> the project
 _DOCKERFILE = pathlib.Path("images") / "runtime.Dockerfile"
 _REQUIREMENTS = pathlib.Path("requirements") / "runtime.txt"
 _LOG_TAIL = 40
