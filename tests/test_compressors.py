@@ -802,7 +802,7 @@ def test_compare_measures_from_traces(tmp_path):
     assert asgd["ratio_to_dense"] == 1.0 and adacomp["ratio_to_dense"] == 40.0
     assert asgd["time_to_target"] is None and adacomp["time_to_target"] == {"time_s": 4.0, "version": 4}
     markdown = (tmp_path / "compare.md").read_text()
-    assert "| `adacomp` | 0.9000 | 4 | 200 | 25 | 40.0x | 4.0 (update 4) | 0.300 |" in markdown
+    assert "| `adacomp` | 0.9000 | 4 | 200 | 25 | 40.0x | - | - | 4.0 (update 4) | 0.300 |" in markdown  # no downlink counted
     assert "not reached" in markdown
     assert (tmp_path / "accuracy_vs_ingress.png").stat().st_size > 1000
     assert json.loads((tmp_path / "compare.json").read_text())["methods"][1]["ratio_to_dense"] == 40.0
