@@ -205,7 +205,7 @@ def render_plan(p) -> str:
         f"scenario {p.name} (seed {p.seed}, plan {p.digest()})",
         f"model {p.model}; dataset {p.dataset['name']} ({p.dataset['partition']}); method {p.method.name} "
         f"= compressor {p.method.compressor} {p.method.params or ''} + rule {p.method.rule}"
-        + (" + error feedback" if p.method.error_feedback else ""),
+        + (" + error feedback" if p.method.error_feedback else "") + (f" + pull {p.method.pull_label}" if p.method.pull_label else ""),
         f"training: batch {t['batch_size']}, alpha {t['learning_rate']}, until "
         + " or ".join(x for x in (f"{t['max_updates']} updates" if t["max_updates"] else "", f"{t['duration']:g}s" if t["duration"] else "") if x),
         "",

@@ -46,6 +46,14 @@ class ResolvedMethod:
     wire: dict
     pull: dict = field(default_factory=lambda: {"mode": "dense", "values": "f32", "every": 1})
 
+    @property
+    def pull_label(self) -> str:
+        """How workers pull, for people (``delta f16, every 4 pushes``); empty for the default (dense after every push)."""
+        mode, values, every = self.pull["mode"], self.pull["values"], self.pull["every"]
+        words = [] if mode == "dense" else [f"delta {values}"]
+        words += [] if every == 1 else [f"every {every} pushes"]
+        return ", ".join(words)
+
     def to_json(self) -> dict:
         return {
             "name": self.name, "compressor": self.compressor, "params": dict(sorted(self.params.items())),

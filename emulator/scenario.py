@@ -463,10 +463,10 @@ def _pull_shorthand(value):
     return {"mode": value} if isinstance(value, str) else value
 
 
-_PULL_SCHEMA = {"anyOf": [{"type": "string", "enum": list(PULL_MODES)}, {
-    "type": "object", "additionalProperties": False, "properties": {
+_PULL_SCHEMA = {  # a mapping, or a mode alone (the pattern applies to strings only, the properties to mappings only)
+    "type": ["object", "string"], "pattern": f"^({'|'.join(PULL_MODES)})$", "additionalProperties": False, "properties": {
         "mode": {"enum": list(PULL_MODES), "default": "dense"}, "values": {"enum": list(DELTA_VALUES), "default": "f32"},
-        "every": {"type": "integer", "minimum": 1, "default": 1}}}]}
+        "every": {"type": "integer", "minimum": 1, "default": 1}}}
 
 
 class MethodSpec(BaseModel):
