@@ -25,7 +25,10 @@ would have made the model overflow (the reasons the server counts toward diverge
 Both directions, as payload (whole frames, counted by the server) and on the server's interface:
 ``ingress_payload_bytes`` (pushes) beside ``ingress_wire_bytes``; ``egress_payload_bytes`` (every
 frame the server sent: models, deltas, ACKs, rejections, the evaluator's models) beside
-``egress_wire_bytes``; ``downlink_payload_bytes``, the part of it that went to workers. Per
+``egress_wire_bytes`` (a frame is counted once the kernel has it: one still in a socket buffer
+when training ends crosses the interface after the end mark, so the egress wire count may fall
+short of the payload by up to a frame per worker); ``downlink_payload_bytes``, the part of it
+that went to workers. Per
 applied update: ``up_bytes_per_update`` (ingress payload), ``down_bytes_per_update`` (downlink
 payload) and ``two_way_bytes_per_update``, their sum.
 """

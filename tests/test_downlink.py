@@ -8,6 +8,7 @@ same over real sockets. Fast: numpy only.
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from emulator.runtime import downlink, protocol
 from emulator.runtime.downlink import ChangeLog, Holding, ModelCopy, PullConfig
 from emulator.runtime.paramserver import ParameterServer
 from emulator.runtime.protocol import HEADER, Flag, MsgType
-from test_paramserver import TOKEN, Client, Harness, RecordingTelemetry
+from test_paramserver import TIMEOUT, TOKEN, Client, Harness, RecordingTelemetry
 
 BIG = Layout((TensorSpec("kernel", (30, 20)), TensorSpec("bias", (8,)), TensorSpec("out", (50,))))  # 600, 8, 50
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -313,9 +314,17 @@ def test_delta_pulls_over_the_wire(harness):
     (row,) = h.tel.stream("updates")
     assert row["reply"] == "delta" and row["reply_base"] == 0 and row["reply_entries"] == row["entries"]
     assert row["reply_bytes"] == HEADER.size + header.length < HEADER.size + BIG.total
-    traffic = h.server._traffic[0]
+    traffic = counted(h.server, 0, "pulls", 2)  # counted once sent: the client may read it first
     assert (traffic["pulls"], traffic["delta_pulls"]) == (2, 1)
     assert traffic["egress_bytes"] == traffic["pull_bytes"] == HEADER.size * 2 + 4 * BIG.total + header.length
+
+
+def counted(server, worker, key, value):
+    """The server's traffic counters of ``worker`` once ``key`` reaches ``value`` (or TIMEOUT passed)."""
+    deadline = time.monotonic() + TIMEOUT
+    while server._traffic[worker][key] < value and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return server._traffic[worker]
 
 
 def test_a_push_flagged_no_model_is_answered_with_an_ack(harness):

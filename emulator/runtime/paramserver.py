@@ -228,13 +228,13 @@ class ParameterServer:
         size = protocol.HEADER.size + len(reply.body)
         if row is not None:
             self.trace_update(row, size, reply)
-        with self.cond:  # counted before it goes: a reader of the counters never lags the worker
+        channel.send(MsgType.MODEL, reply.body, t0=reply.version, flags=reply.flags | (Flag.DONE if done else 0))
+        with self.cond:  # counted once the kernel has it (a frame that could not go is not egress)
             traffic = self._traffic[worker]
             traffic["egress_bytes"] += size
             traffic["pull_bytes"] += size
             traffic["pulls"] += 1
             traffic["delta_pulls"] += bool(reply.flags & Flag.DELTA)
-        channel.send(MsgType.MODEL, reply.body, t0=reply.version, flags=reply.flags | (Flag.DONE if done else 0))
 
     def send_ack(self, channel: Channel, worker: int, row: dict | None) -> None:
         """Answer a push whose worker pulls later: the version its update made, no model."""
@@ -242,14 +242,14 @@ class ParameterServer:
             self.trace_update(row, protocol.HEADER.size, None)
         with self.cond:
             version, done = self.version, self.done
-            self._traffic[worker]["egress_bytes"] += protocol.HEADER.size
         channel.send(MsgType.ACK, t0=version, flags=Flag.DONE if done else 0)
+        with self.cond:
+            self._traffic[worker]["egress_bytes"] += protocol.HEADER.size
 
     def send_reject(self, channel: Channel, worker: int, reason: str) -> None:
-        body = protocol.json_body({"reason": reason})
+        sent = channel.send(MsgType.REJECT, protocol.json_body({"reason": reason}))
         with self.cond:
-            self._traffic[worker]["egress_bytes"] += protocol.HEADER.size + len(body)
-        channel.send(MsgType.REJECT, body)
+            self._traffic[worker]["egress_bytes"] += sent
 
     def trace_update(self, row: dict, reply_bytes: int, reply: downlink.Reply | None) -> None:
         """One applied update's row, with its reply: bytes, and ``model`` (whole), ``delta`` (from
