@@ -201,6 +201,30 @@ def ingress_rate(per_second: pd.DataFrame, faults: pd.DataFrame | None = None) -
     return fig
 
 
+def traffic_both_ways(per_second: Mapping[str, pd.DataFrame]) -> Figure | None:
+    """The server's ingress (pushes, solid) and egress (replies and pulls, dashed) per second of
+    training, one colour per label (a method); tables from :func:`analysis.runs.traffic_both_ways`."""
+    drawn = [(label, table) for label, table in per_second.items() if table is not None and len(table)]
+    if not drawn:
+        return None
+    fig, ax = _figure("Traffic at the server, both directions")
+    # Pulls come in bursts of whole models: a 5-second moving average shows the rate a link carries.
+    drawn = [(label, table[["up", "down"]].rolling(5, min_periods=1, center=True).mean()) for label, table in drawn]
+    for i, (label, table) in enumerate(drawn):
+        color = f"C{i % 10}"
+        ax.plot(table.index, table["up"], color=color, linewidth=1.4, label=f"{label}: workers to server")
+        ax.plot(table.index, table["down"], color=color, linewidth=1.4, linestyle="--", label=f"{label}: server to workers")
+    values = pd.concat([t[["up", "down"]] for _, t in drawn]).to_numpy().ravel()
+    values = values[values > 0]
+    if len(values) and values.max() / values.min() > 20:
+        ax.set_yscale("log")  # a compressed push beside a dense pull: orders of magnitude apart
+    ax.yaxis.set_major_formatter(BYTE_RATE)
+    ax.set_xlabel("training time (s)")
+    ax.set_ylabel("bytes per second (5 s moving average)")
+    _legend(ax, 2 * len(drawn), outside=len(drawn) > 2)
+    return fig
+
+
 def staleness_histogram(updates: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]]) -> Figure | None:
     """Distribution of update staleness (``t - t0``); one histogram per label (e.g. per method).
 
@@ -462,5 +486,5 @@ def sweep_metric(aggregate: pd.DataFrame, x_key: str, metric: str, series_keys: 
 
 __all__ = [
     "accuracy_vs_ingress", "accuracy_vs_time", "accuracy_vs_updates", "cpu_utilisation", "ingress_rate",
-    "link_utilisation", "mean_band", "save", "staleness_histogram", "sweep_metric", "worker_share",
+    "link_utilisation", "mean_band", "save", "staleness_histogram", "sweep_metric", "traffic_both_ways", "worker_share",
 ]

@@ -64,11 +64,21 @@ class Profile:
     staleness_methods: tuple[str, ...] = ("comp_c:c=0.01", "adacomp:c=0.01")
     staleness_overrides: tuple[str, ...] = ()
     staleness_repeat: int = 2
+    # Both directions of traffic (beyond the paper): dense against delta pulls, per link profile and worker count.
+    two_way_methods: tuple[str, ...] = ("asgd:training.learning_rate=0.05", "adacomp:c=0.01", "adacomp:c=0.01:pull=delta",
+                                        "adacomp:c=0.01:pull.mode=delta:pull.values=q8")
+    two_way_links: tuple[str, ...] = ("symmetric", "home")
+    two_way_workers: tuple[int, ...] = ()
+    two_way_overrides: tuple[str, ...] = ()
+    two_way_repeat: int = 3
 
 
 PROFILES = {
     "full": Profile(
         methods=("asgd", ASGD_HALF_STEP, "staleness_asgd", "comp_c:c=0.01", "adacomp:c=0.01", "comp_c:c=0.001", "adacomp:c=0.001"),
+        staleness_workers=(4, 16), staleness_overrides=("training.max_updates=1500", "training.eval_every=250 updates"),
+        two_way_workers=(8, 32), two_way_overrides=("training.max_updates=1500", "training.eval_every=250 updates",
+                                                    "workers[0].cpus=0.05"),
     ),
     "fast": Profile(
         methods=("asgd", ASGD_HALF_STEP, "comp_c:c=0.01", "adacomp:c=0.01", "adacomp:c=0.001"),
@@ -78,6 +88,8 @@ PROFILES = {
         heterogeneity_overrides=("training.duration=45s", "workers[0].count=4"),
         crash_rates=("0", "240"), crash_overrides=("training.duration=45s", "workers[0].count=4"),
         staleness_workers=(2, 4), staleness_overrides=("training.max_updates=150", "training.eval_every=50 updates"),
+        two_way_methods=("adacomp:c=0.01", "adacomp:c=0.01:pull=delta"), two_way_links=("symmetric",), two_way_workers=(8,),
+        two_way_overrides=("training.max_updates=300", "training.eval_every=100 updates", "workers[0].cpus=0.1"), two_way_repeat=2,
     ),
     # The paper's regime as far as 2 cores allow (docs/REPRODUCTION.md says what bounds each number):
     # 64 devices, 20,000 server updates, five paired repetitions, the whole test set.
@@ -96,6 +108,8 @@ PROFILES = {
         staleness_workers=(4, 16, 64), staleness_overrides=("training.max_updates=5000", "training.eval_every=1000 updates",
                                                             "workers[0].cpus=0.02"),
         staleness_repeat=3,
+        two_way_workers=(8, 32), two_way_overrides=("training.max_updates=3000", "training.eval_every=500 updates",
+                                                    "workers[0].cpus=0.05"),
     ),
     "smoke": Profile(
         methods=("asgd", "adacomp:c=0.01"),
@@ -105,6 +119,8 @@ PROFILES = {
         crash_rates=("3600",), crash_overrides=("training.duration=10s", "workers[0].count=2", "faults.crash.restart_after=3s"),
         all_overrides=("dataset.test_size=300", "training.eval_every=5s"),
         staleness_workers=(2,), staleness_overrides=("training.max_updates=20", "training.eval_every=10 updates"),
+        two_way_methods=("adacomp:c=0.01", "adacomp:c=0.01:pull=delta"), two_way_links=("symmetric",), two_way_workers=(2,),
+        two_way_overrides=("training.max_updates=20", "training.eval_every=10 updates"), two_way_repeat=1,
     ),
 }
 
@@ -578,6 +594,77 @@ def _negate(cell: str) -> str:
     return ("-" if cell[0] == "+" else "+") + cell[1:]
 
 
+# Link profiles of the two-way experiment: the same rate both ways, and a home line (fast down, slow up).
+LINKS = {
+    "symmetric": ("symmetric 10 Mbit/s", ("workers[0].uplink=10mbit", "workers[0].downlink=10mbit", "workers[0].delay=20ms")),
+    "home": ("home line, 2 Mbit/s up, 20 Mbit/s down", ("workers[0].uplink=2mbit", "workers[0].downlink=20mbit", "workers[0].delay=20ms")),
+}
+
+
+def two_way_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+    """Beyond the paper: the model pull measured and compressed like the push. Per link profile and
+    worker count, the methods with paired repeats: final accuracy and time to target (intervals),
+    up / down / two-way bytes per update, and the server's CPU per update."""
+    from .runs import server_cpu_per_update, traffic_both_ways
+    from .sweep import mean_ci
+
+    if not profile.two_way_workers:
+        return Section("Both directions of traffic", ["Not in this profile."], [], "-")
+    base = [f"dataset.name={dataset}", *profile.two_way_overrides, *_tail(profile.all_overrides, profile.two_way_overrides)]
+    body = ["The paper compressed the push only; after every push each worker pulled the whole model. Here the pull is "
+            "dense (as the paper), a lossless delta (the coordinates changed since the worker's copy), or a delta with "
+            "8-bit values and error compensation (`pull.values=q8`).", ""]
+    failures, commands, images = [], [], []
+    for link in profile.two_way_links:
+        title, link_sets = LINKS[link]
+        for workers in profile.two_way_workers:
+            result = run_comparison(f"two-way-{link}-{workers}", list(profile.two_way_methods),
+                                    [*base, *link_sets, f"workers[0].count={workers}"], profile.two_way_repeat, out, backend, say)
+            commands.append(result["command"])
+            directory = Path(result["directory"])
+            body += [f"### {title}, {workers} workers", "",
+                     "| method | final accuracy | time to target (s) | up B / update | down B / update | two-way B / update | "
+                     "server CPU / update (ms) |", "|---|---|---|---:|---:|---:|---|"]
+            per_second, cpu = {}, {}
+            for row in result["table"]["methods"]:
+                why = run_failure(directory / row["run_id"])
+                if why:
+                    failures.append(f"two-way ({title}, {workers} workers): {row['method']} ({row['run_id']}): {why}")
+                    continue
+                run = load_run(directory / row["run_id"])
+                used = server_cpu_per_update(run.stats, run.summary.get("updates_applied"))
+                cpu.setdefault(row["method"], []).append(None if used is None else used * 1000)
+                per_second.setdefault(row["method"], traffic_both_ways(run.traffic))  # the first repetition's
+            for entry in result["table"]["aggregate"]:
+                n, mean, half = mean_ci(v for v in cpu.get(entry["method"], []) if v is not None)
+                body.append(f"| {entry['method']}{(' (' + entry['flagged'] + ')') if entry.get('flagged') else ''} | "
+                            f"{_interval_cell(entry['final_accuracy'], '.4f')} | {_interval_cell(entry['time_to_target'], '.1f')} | "
+                            f"{_interval_cell(entry['bytes_per_update'], ',.0f')} | "
+                            f"{_interval_cell(entry['down_bytes_per_update'], ',.0f')} | "
+                            f"{_interval_cell(entry['two_way_bytes_per_update'], ',.0f')} | "
+                            f"{_interval_cell({'n': n, 'mean': None if n == 0 else mean, 'half_width': None if half != half else half}, '.2f')} |")
+            body.append("")
+            fig = figures.traffic_both_ways(per_second)
+            if fig is not None:
+                name = f"two_way_{link}_{workers}.png"
+                fig.axes[0].set_title(f"Traffic at the server, both directions: {title}, {workers} workers")
+                figures.save(fig, out / name)
+                images.append(name)
+    body.append("Intervals: mean ± 95 % Student-t half-width over the paired repetitions (n); time to target over the runs that "
+                "reached it (the target is 90 % of the best method's mean final accuracy in the same comparison). Paired "
+                "differences with verdicts: each comparison's compare.md.")
+    return Section("Both directions of traffic", body, images, " ; ".join(commands), failures)
+
+
+def _interval_cell(interval: dict | None, spec: str, plain: bool = False) -> str:
+    """``mean ± half-width (n)``, or ``mean`` alone for a quantity that does not vary (``plain``)."""
+    if not interval or not interval.get("n") or interval.get("mean") is None:
+        return "-"
+    if plain or interval.get("half_width") is None:
+        return format(interval["mean"], spec) + ("" if plain else f" ({interval['n']})")
+    return f"{interval['mean']:{spec}} ± {interval['half_width']:{spec}} ({interval['n']})"
+
+
 def bytes_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
     """One push measured on both bases across c: no run, one real gradient of the paper's CNN."""
     from .byte_bases import markdown, measure, real_gradient
@@ -626,6 +713,7 @@ EXPERIMENTS = {
                                    "heterogeneity", "heterogeneity_overrides"),
     "crash": _device_sweep("crash", "Device crashes", "crash.yaml", "faults.crash.rate_per_hour", "crash_rates", "crash_overrides"),
     "staleness": staleness_experiment,
+    "two_way": two_way_experiment,
 }
 
 

@@ -203,6 +203,30 @@ def counter_rates(frame: pd.DataFrame, key: str, columns: tuple[str, ...], min_i
     return pd.concat(parts, ignore_index=True)
 
 
+def server_cpu_per_update(stats: pd.DataFrame, updates: int | None) -> float | None:
+    """Seconds of the server's CPU per applied update over training: the rise of its cumulative CPU
+    time between the first and the last sample at or after the start of training, over the updates.
+    ``stats`` from :func:`load_stats` (``time_s`` relative to training); None without samples."""
+    if stats is None or stats.empty or not updates or "device" not in stats:
+        return None
+    server = stats[(stats["device"] == "server") & (stats["time_s"] >= 0)].sort_values("time_s")
+    if len(server) < 2:
+        return None
+    return float(server["cpu_s"].iloc[-1] - server["cpu_s"].iloc[0]) / updates
+
+
+def traffic_both_ways(traffic: pd.DataFrame) -> pd.DataFrame:
+    """Per whole second of training: bytes the server received from the workers (``up``) and sent
+    them (``down``: replies and pulls), the evaluator's pulls left out."""
+    if traffic is None or traffic.empty:
+        return pd.DataFrame(columns=["up", "down"], dtype=float)
+    rows = traffic[traffic["worker"].notna() & (traffic["worker"] < NO_WORKER)]
+    second = np.floor(rows["time_s"]).astype(int)
+    table = rows.assign(second=second).groupby("second")[["ingress_bytes", "egress_bytes"]].sum()
+    table = table.reindex(range(int(table.index.min()), int(table.index.max()) + 1), fill_value=0) if len(table) else table
+    return table.rename(columns={"ingress_bytes": "up", "egress_bytes": "down"}).astype(float)
+
+
 def ingress_per_second(traffic: pd.DataFrame, workers: list | None = None) -> pd.DataFrame:
     """Ingress bytes per second at the server: one row per whole second of training, one column per worker.
 
@@ -381,5 +405,6 @@ __all__ = [
     "COLUMNS", "STREAMS", "LOADERS", "Collection", "Run", "accuracy_with_ingress", "counter_rates", "faults",
     "ingress_per_second", "is_run_dir", "is_sweep_dir", "load_accuracy", "load_collection", "load_events",
     "load_net", "load_plan", "load_run", "load_stats", "load_steps", "load_stream", "load_summary",
-    "load_traffic", "load_updates", "summary_row", "training_start_ts", "worker_shares",
+    "load_traffic", "load_updates", "server_cpu_per_update", "summary_row", "traffic_both_ways", "training_start_ts",
+    "worker_shares",
 ]

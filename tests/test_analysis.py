@@ -445,3 +445,19 @@ def test_repetitions_under_one_label_are_a_mean_line_and_a_band():
     assert len([c for c in ax.collections if isinstance(c, PolyCollection)]) == 1  # one band, for the repeated method
     labels = [line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")]
     assert sorted(labels) == ["adacomp (mean of 3)", "asgd"]
+
+
+def test_traffic_both_ways_and_server_cpu_per_update():
+    from analysis.figures import traffic_both_ways as figure
+    from analysis.runs import NO_WORKER, server_cpu_per_update, traffic_both_ways
+
+    traffic = pd.DataFrame({"worker": [0, 1, NO_WORKER, 0], "time_s": [0.2, 0.7, 0.5, 2.1],
+                            "ingress_bytes": [100, 200, 0, 50], "egress_bytes": [1000, 2000, 9999, 500]})
+    both = traffic_both_ways(traffic)
+    assert both.to_dict("index") == {0: {"up": 300.0, "down": 3000.0}, 1: {"up": 0.0, "down": 0.0}, 2: {"up": 50.0, "down": 500.0}}
+    stats = pd.DataFrame({"device": ["server", "server", "server", "worker-0"], "time_s": [-1.0, 0.5, 10.5, 5.0],
+                          "cpu_s": [3.0, 4.0, 6.0, 99.0]})
+    assert server_cpu_per_update(stats, 1000) == pytest.approx(0.002)  # 2 CPU seconds over 1,000 updates, boot left out
+    assert server_cpu_per_update(stats, 0) is None
+    fig = figure({"adacomp": both})
+    assert [line.get_linestyle() for line in fig.axes[0].get_lines()] == ["-", "--"]

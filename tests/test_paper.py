@@ -103,10 +103,12 @@ def test_the_figures_pipeline_completes_on_mnist_5k_when_the_preferred_datasets_
     assert "Dataset: **mnist-5k**" in results and "FAILED" not in results and "INCOMPLETE" not in results
     assert "dataset fashion-mnist: dataset 'fashion-mnist' is not available here" in done.stderr
     for section in ("Bytes per update on both bases", "Accuracy and bytes per method", "Server ingress against the number of workers",
-                    "Device CPU heterogeneity", "Device crashes", "Staleness against the number of workers"):
+                    "Device CPU heterogeneity", "Device crashes", "Staleness against the number of workers",
+                    "Both directions of traffic"):
         assert f"## {section}" in results
     assert "Command: `emulate compare scenarios/paper/methods.yaml" in results
     assert "| 2 | adacomp:c=0.01 | 2 |" in results  # AdaComp's staleness row: 2 workers, 2 paired runs
+    assert "### symmetric 10 Mbit/s, 2 workers" in results and (out / "two_way_symmetric_2.png").is_file()
     for image in ("accuracy_vs_updates.png", "accuracy_vs_ingress.png", "bytes_per_method.png", "ingress_vs_workers.png"):
         assert (out / image).stat().st_size > 10_000 and f"]({image})" in results
 
