@@ -423,6 +423,8 @@ def mean_band(ax, runs: Sequence[pd.DataFrame], x: str, y: str, *, label: str | 
 METRIC_LABELS = {
     "final_accuracy": "final test accuracy",
     "ingress_payload_bytes": "ingress payload at the server (bytes)",
+    "egress_payload_bytes": "egress payload from the server (bytes)",
+    "two_way_bytes_per_update": "two-way bytes per update",
     "updates": "updates applied",
     "duration_s": "training time (s)",
 }

@@ -20,12 +20,15 @@ import pandas as pd
 from emulator.units import format_bytes
 
 from . import figures
-from .runs import Collection, Run, accuracy_with_ingress, ingress_per_second, is_run_dir, is_sweep_dir, load_collection, load_run, summary_row, worker_shares
+from .runs import (
+    Collection, Run, accuracy_with_ingress, ingress_per_second, is_run_dir, is_sweep_dir, load_collection, load_run, summary_row,
+    traffic_both_ways, worker_shares,
+)
 from .sweep import aggregate_rows, markdown_table, plotted_keys, value_label, write_tables
 
 REPORT_DIR = "report"
 SUMMARY_HEADERS = ["run", "status", "method", "workers", "final accuracy", "updates", "ingress payload",
-                   "ingress on wire", "duration", "faults"]
+                   "ingress on wire", "egress payload", "egress on wire", "two-way / update", "duration", "faults"]
 
 
 # -- blocks ------------------------------------------------------------------------------
@@ -139,7 +142,8 @@ def summary_cells(row: dict, link: str | None = None) -> list[str]:
     run = f"[{row['run_id']}]({link})" if link else f"`{row['run_id']}`"
     return [run, row["status"], row["method"], _fmt(row["workers"], "count"), _fmt(row["final_accuracy"], "accuracy"),
             _fmt(row["updates"], "count"), _fmt(row["ingress_payload_bytes"], "bytes"), _fmt(row["ingress_wire_bytes"], "bytes"),
-            _fmt(row["duration_s"], "seconds"), _faults(row["faults"])]
+            _fmt(row.get("egress_payload_bytes"), "bytes"), _fmt(row.get("egress_wire_bytes"), "bytes"),
+            _fmt(row.get("two_way_bytes_per_update"), "bytes"), _fmt(row["duration_s"], "seconds"), _faults(row["faults"])]
 
 
 # -- one run -----------------------------------------------------------------------------
@@ -194,6 +198,9 @@ def run_figures(run: Run, out: Path, skipped: list[str]) -> list[Block]:
     blocks += _figure_block(out, "ingress_rate.png", figures.ingress_rate(ingress_per_second(run.traffic, run.worker_names), run.faults),
                             "Ingress rate: bytes per second each worker pushed to the server (stacked), faults as dashed lines.",
                             skipped, "no traffic recorded (traffic.jsonl empty or absent)")
+    blocks += _figure_block(out, "traffic_both_ways.png", figures.traffic_both_ways({label: traffic_both_ways(run.traffic)}),
+                            "Both directions: bytes per second the workers pushed to the server and the server sent them "
+                            "(replies and pulls), 5-second moving average.", skipped, "no traffic recorded (traffic.jsonl empty or absent)")
     blocks += _figure_block(out, "staleness.png", figures.staleness_histogram({label: run.updates}),
                             "Staleness: how many updates the server applied between a worker's pull and its push.",
                             skipped, "no update applied (updates.jsonl empty or absent)")

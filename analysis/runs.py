@@ -341,6 +341,10 @@ def summary_row(run: Run) -> dict:
         "updates": _number(s.get("updates_applied", int(updates["t"].max()) if len(updates) else 0)),
         "ingress_payload_bytes": _number(s.get("ingress_payload_bytes", int(traffic["ingress_bytes"].sum()) if len(traffic) else 0)),
         "ingress_wire_bytes": _number(s.get("ingress_wire_bytes")),
+        "egress_payload_bytes": _number(s.get("egress_payload_bytes", int(traffic["egress_bytes"].sum())
+                                                if len(traffic) and "egress_bytes" in traffic else None)),
+        "egress_wire_bytes": _number(s.get("egress_wire_bytes")),
+        "two_way_bytes_per_update": _number(s.get("two_way_bytes_per_update")),
         "duration_s": _number(duration),
         "faults": {str(k): int(v) for k, v in sorted(fault_counts.items())},
         "backend": s.get("backend"),

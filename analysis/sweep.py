@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-METRICS = ("final_accuracy", "ingress_payload_bytes", "updates", "duration_s")
+METRICS = ("final_accuracy", "ingress_payload_bytes", "egress_payload_bytes", "two_way_bytes_per_update", "updates", "duration_s")
 CONFIDENCE = 0.95
 
 
@@ -153,6 +153,8 @@ def _cell(metric: str, mean: float, half: float) -> str:
     fmt = {
         "final_accuracy": lambda v: f"{v:.4f}",
         "ingress_payload_bytes": format_bytes,
+        "egress_payload_bytes": format_bytes,
+        "two_way_bytes_per_update": format_bytes,
         "updates": lambda v: f"{v:,.0f}",
         "duration_s": lambda v: f"{v:.1f} s",
     }.get(metric, lambda v: f"{v:.4g}")

@@ -330,9 +330,10 @@ def test_the_report_of_a_run_has_its_table_and_every_figure(run_dir):
     assert out == run_dir / "report"
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == sorted(["accuracy_ingress.png", "accuracy_time.png", "accuracy_updates.png", "ingress_rate.png",
-                           "staleness.png", "worker_share.png", "cpu.png", "link.png"])
+                           "traffic_both_ways.png", "staleness.png", "worker_share.png", "cpu.png", "link.png"])
     md = (out / "report.md").read_text()
-    assert "| run | status | method | workers | final accuracy | updates | ingress payload | ingress on wire | duration | faults |" in md
+    assert ("| run | status | method | workers | final accuracy | updates | ingress payload | ingress on wire | egress payload | "
+            "egress on wire | two-way / update | duration | faults |") in md
     assert "| completed | adacomp | 3 | 0.8602 | 60 | 117.19 KiB (120,000 B) |" in md and "crash 1, restart 1" in md
     html = (out / "report.html").read_text()
     for png in pngs:
