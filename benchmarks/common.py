@@ -66,6 +66,18 @@ def docker_unavailable() -> str | None:
     return None if ok else why
 
 
+def docker_and_dataset() -> tuple[dict | None, dict | None]:
+    """``(dataset entry, None)`` when a Docker benchmark can run here, else ``(None, its result)``:
+    skipped without Docker (not a failure), an error without any data set (a failure)."""
+    why = docker_unavailable()
+    if why:
+        return None, {"skipped": why}
+    try:
+        return dataset(), None
+    except ValueError as exc:
+        return None, {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def run_docker_scenario(scenario: dict, out_root, *, image: str | None = None, check_fidelity: bool = True,
                         limit_s: float = 900.0, say: Callable[[str], None] | None = None):
     """Run a scenario mapping to the end on the Docker backend, as ``emulate run`` would.

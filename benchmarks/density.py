@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .common import dataset, dataset_line, docker_unavailable, run_docker_scenario
+from .common import dataset_line, docker_and_dataset, run_docker_scenario
 
 MB = 1e6
 STEADY_AFTER_S = 5.0  # memory samples this long after training started count as steady state
@@ -167,13 +167,9 @@ def many_workers(image: str, tmp: str, data: dict) -> dict:
 
 
 def run(quick: bool = False) -> dict:
-    why = docker_unavailable()
-    if why:
-        return {"skipped": why}
-    try:
-        data = dataset()
-    except ValueError as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
+    data, cannot = docker_and_dataset()
+    if cannot:
+        return cannot
     from emulator.host import images
     from emulator.backends.docker import START_THREADS, client
 

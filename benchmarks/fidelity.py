@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 
-from .common import dataset, dataset_line, docker_unavailable, run_docker_scenario
+from .common import dataset_line, docker_and_dataset, run_docker_scenario
 
 WITHIN = 0.05
 MECHANISM = {"uplink_bps": "uplink", "downlink_bps": "downlink", "rtt_s": "delay", "cpu_quota": "cpus", "cpu_share": "cpus"}
@@ -47,15 +47,11 @@ def summarise(report: dict) -> dict:
 
 
 def run(quick: bool = False) -> dict:
-    why = docker_unavailable()
-    if why:
-        return {"skipped": why}
     import json
 
-    try:
-        data = dataset()
-    except ValueError as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
+    data, cannot = docker_and_dataset()
+    if cannot:
+        return cannot
     workers = 8 if quick else 16
     out: dict = {"workers": workers, "dataset": data, "scenario": scenario(workers, data)}
     with tempfile.TemporaryDirectory(prefix="bench-fidelity-") as tmp:

@@ -23,8 +23,6 @@ import time
 
 import numpy as np
 
-from emulator.runtime.protocol import HEADER
-
 from .common import cnn_layout, measure, realistic_gradient
 from .pushers import ServerProcess, pusher
 

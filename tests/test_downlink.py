@@ -23,7 +23,7 @@ from emulator.runtime import downlink, protocol
 from emulator.runtime.downlink import ChangeLog, Holding, ModelCopy, PullConfig
 from emulator.runtime.paramserver import ParameterServer
 from emulator.runtime.protocol import HEADER, Flag, MsgType
-from test_paramserver import TIMEOUT, TOKEN, Client, Harness, RecordingTelemetry
+from test_paramserver import TIMEOUT, TOKEN, Client, RecordingTelemetry, harness  # noqa: F401 (a fixture)
 
 BIG = Layout((TensorSpec("kernel", (30, 20)), TensorSpec("bias", (8,)), TensorSpec("out", (50,))))  # 600, 8, 50
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -389,15 +389,3 @@ def test_a_delta_from_another_version_than_the_copy_holds_is_refused():
         d.copy.receive(reply.version, reply.flags, reply.body)
 
 
-@pytest.fixture
-def harness():
-    made = []
-
-    def make(**overrides):
-        h = Harness(**overrides)
-        made.append(h)
-        return h
-
-    yield make
-    for h in made:
-        h.close()
