@@ -10,14 +10,29 @@ so every compressor combines with every server rule, and with every way of pulli
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 import compression
 from compression import COMPRESSORS
 
+from .problems import Problem, problems_from
 from .runtime.rules import RULES
-from .scenario import MethodSpec, Problem, problems_from
+
+
+class MethodSection(Protocol):
+    """What this module reads of a scenario's ``method`` section (:class:`emulator.scenario.MethodSpec`,
+    which imports this module to check itself: so it is named here by its shape, not imported)."""
+
+    name: str
+    rule: str | None
+    error_feedback: bool
+    wire: BaseModel
+    pull: BaseModel
+
+    @property
+    def params(self) -> dict: ...  # the compressor's parameters: the section's other keys
 
 
 @dataclass(frozen=True)
@@ -65,7 +80,7 @@ def known_methods() -> list[str]:
     return sorted(set(PRESETS) | set(COMPRESSORS))
 
 
-def resolve(spec: MethodSpec) -> ResolvedMethod:
+def resolve(spec: MethodSection) -> ResolvedMethod:
     """Preset or compressor name -> compressor, its validated parameters, and the server rule."""
     preset = PRESETS.get(spec.name)
     compressor = preset.compressor if preset else spec.name
@@ -79,7 +94,7 @@ def resolve(spec: MethodSpec) -> ResolvedMethod:
     return ResolvedMethod(spec.name, compressor, params, rule, spec.error_feedback, spec.wire.model_dump(), spec.pull.model_dump())
 
 
-def check_method(spec: MethodSpec) -> list[Problem]:
+def check_method(spec: MethodSection) -> list[Problem]:
     """Every problem with the method section, with paths like ``method.c``."""
     preset = PRESETS.get(spec.name)
     compressor = preset.compressor if preset else spec.name

@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import math
 import re
-import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,10 @@ from pydantic import (
 
 from compression.delta import DELTA_VALUES
 
-from . import units
+from . import datasets, units
+from .methods import check_method
+from .problems import Problem, ScenarioError, field_names, format_path, model_at, problems_from
+from .runtime import models
 from .runtime.downlink import PULL_MODES
 
 MAX_FILE_BYTES = 1 << 20
@@ -42,43 +44,6 @@ MAX_EXPANDED_VALUES = 100_000
 MAX_WORKERS = 10_000
 MAX_DEPTH = 50
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-
-
-# -- errors ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Problem:
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}" if self.path else self.message
-
-
-class ScenarioError(ValueError):
-    """One or more problems in a scenario, each with the path of the field it concerns."""
-
-    def __init__(self, problems: list[Problem], source: str = ""):
-        self.problems = problems
-        self.source = source
-        head = f"{source}: " if source else ""
-        super().__init__(head + "; ".join(str(p) for p in problems))
-
-    def render(self) -> str:
-        where = f" in {self.source}" if self.source else ""
-        lines = [f"invalid scenario{where}:"] + ["  " + str(p).replace("\n", "\n    ") for p in self.problems]
-        return "\n".join(lines)
-
-
-def format_path(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
 
 
 # -- distributions -----------------------------------------------------------------------
@@ -635,97 +600,6 @@ class Scenario(Strict):
 # -- loading -----------------------------------------------------------------------------
 
 
-_MESSAGES = {
-    "greater_than": lambda e: f"must be > {e['ctx']['gt']:g}",
-    "greater_than_equal": lambda e: f"must be >= {e['ctx']['ge']:g}",
-    "less_than": lambda e: f"must be < {e['ctx']['lt']:g}",
-    "less_than_equal": lambda e: f"must be <= {e['ctx']['le']:g}",
-    "int_parsing": lambda e: "must be an integer",
-    "int_from_float": lambda e: "must be a whole number",
-    "int_type": lambda e: "must be an integer",
-    "float_parsing": lambda e: "must be a number",
-    "float_type": lambda e: "must be a number",
-    "bool_parsing": lambda e: "must be true or false",
-    "bool_type": lambda e: "must be true or false",
-    "string_type": lambda e: "must be a string",
-    "list_type": lambda e: "must be a list",
-    "model_type": lambda e: "must be a mapping of keys to values",
-    "dict_type": lambda e: "must be a mapping of keys to values",
-    "missing": lambda e: "required",
-    "literal_error": lambda e: f"must be one of {e['ctx']['expected']}",
-    "too_short": lambda e: f"needs at least {e['ctx']['min_length']} item(s)",
-    "string_too_short": lambda e: "must not be empty",
-    "string_pattern_mismatch": lambda e: "use letters, digits, '.', '_' and '-' (starting with a letter or digit)",
-    "finite_number": lambda e: "must be a finite number",
-}
-
-
-def _field_names(model: type[BaseModel]) -> list[str]:
-    return [f.alias or name for name, f in model.model_fields.items()]
-
-
-def _model_at(loc: tuple) -> type[BaseModel] | None:
-    """The model class that holds the field at ``loc`` (for 'did you mean' on unknown keys)."""
-    current: Any = Scenario
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return None
-        field = current.model_fields.get(part) or next((f for f in current.model_fields.values() if f.alias == part), None)
-        if field is None:
-            return None
-        ann = field.annotation
-        while True:
-            origin = typing.get_origin(ann)
-            if origin in (list, tuple, Union, types.UnionType):
-                ann = next((a for a in typing.get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)), None)
-                if ann is None:
-                    return None
-            elif origin is Annotated:
-                ann = typing.get_args(ann)[0]
-            else:
-                break
-        current = ann
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
-
-
-def _problem(error: dict, prefix: tuple = ()) -> Problem:
-    loc = prefix + tuple(error["loc"])
-    kind = error["type"]
-    raw = error.get("input")
-    if kind == "extra_forbidden":
-        parent = _model_at(loc[:-1])
-        key = loc[-1]
-        hint = ""
-        if parent is not None:
-            names = _field_names(parent)
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f"; allowed: {', '.join(names)}"
-        return Problem(format_path(loc), f"unknown key{hint}")
-    if kind == "value_error":
-        message = str(error.get("ctx", {}).get("error", error["msg"]))
-    elif kind in _MESSAGES:
-        message = _MESSAGES[kind](error)
-    else:
-        message = error["msg"]
-    if kind not in ("missing", "value_error", "extra_forbidden") and not isinstance(raw, (dict, list)) and "got" not in message:
-        message += f", got {raw!r}"
-    # Errors inside a union report every branch; keep the path readable.
-    loc = tuple(p for p in loc if not (isinstance(p, str) and (p.startswith("function-") or p in ("str", "tuple[int, ...]"))))
-    return Problem(format_path(loc), message)
-
-
-def problems_from(exc: ValidationError, prefix: tuple = ()) -> list[Problem]:
-    seen, out = set(), []
-    for error in exc.errors(include_url=False):
-        problem = _problem(error, prefix)
-        if str(problem) not in seen:
-            seen.add(str(problem))
-            out.append(problem)
-    return out
-
-
 def _expanded_size(value, budget: int) -> int:
     """Values after expanding YAML aliases, counting up to ``budget`` (defeats 'billion laughs')."""
     stack, count = [value], 0
@@ -802,12 +676,10 @@ def parse_yaml(text: str, source: str = "") -> dict:
 
 def validate(data: dict, source: str = "") -> Scenario:
     """Raw mapping -> Scenario, every structural problem reported with its path."""
-    from .methods import check_method
-
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(problems_from(exc), source) from None
+        raise ScenarioError(problems_from(exc, root=Scenario), source) from None
     problems = check_method(scenario.method) + _check_names(scenario) + _check_targets(scenario)
     if scenario.worker_count > MAX_WORKERS:
         problems.append(Problem("workers", f"{scenario.worker_count} workers in all; at most {MAX_WORKERS:,}"))
@@ -817,9 +689,6 @@ def validate(data: dict, source: str = "") -> Scenario:
 
 
 def _check_names(s: Scenario) -> list[Problem]:
-    from . import datasets
-    from .runtime import models
-
     out = []
     if s.model not in models.MODELS:
         out.append(Problem("model", f"unknown model {s.model!r}; known: {', '.join(sorted(models.MODELS))}"))
@@ -901,10 +770,10 @@ def apply_override(data: dict, assignment: str) -> None:
         raise ScenarioError([Problem(f"--set {path}", message)])
 
     def check_key(i: int) -> None:
-        model = _model_at(tuple(steps[:i]))
+        model = model_at(tuple(steps[:i]), Scenario)
         if model is None or model is MethodSpec and i == len(steps) - 1:
             return  # free-form here (method parameters are checked by the compressor)
-        names = _field_names(model)
+        names = field_names(model)
         if steps[i] not in names:
             close = difflib.get_close_matches(str(steps[i]), names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else f"; allowed: {', '.join(names)}"
