@@ -3,9 +3,16 @@ the Docker benchmarks train on, and running a scenario on Docker."""
 
 from __future__ import annotations
 
+import json
+import signal
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Callable
+
+from emulator.rundir import new_run_id
+from emulator.run import run_scenario
 
 
 def measure(fn: Callable[[], object], *, repeat: int = 50, warmup: int = 3, min_time_s: float = 0.0) -> dict:
@@ -85,22 +92,12 @@ def run_docker_scenario(scenario: dict, out_root, *, image: str | None = None, c
     Returns (summary, run directory). A watchdog turns a run past ``limit_s`` into an interrupted
     one (the Emulation tears down as on Ctrl-C), so a benchmark reports instead of hanging; the
     run's labelled containers and network are removed again afterwards in any case."""
-    import json
-    import signal
-    import sys
-    from pathlib import Path
-
-    from emulator.backends.docker import DockerBackend, remove_labelled
-    from emulator.controller import Emulation
-    from emulator.plan import make_plan
-    from emulator.rundir import RunDirectory
-    from emulator.scenario import load_scenario
+    from emulator.backends.docker import DockerBackend, remove_labelled  # the docker SDK: only where Docker runs
 
     say = say or (lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
     path = Path(out_root) / f"{scenario['name']}.yaml"
     path.write_text(json.dumps(scenario, indent=1))  # JSON is YAML
-    plan = make_plan(load_scenario(path)[0])
-    rundir = RunDirectory.create(out_root, plan.name)
+    run_id = new_run_id(scenario["name"])
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -108,11 +105,10 @@ def run_docker_scenario(scenario: dict, out_root, *, image: str | None = None, c
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.alarm(int(limit_s))
     try:
-        emulation = Emulation(plan, DockerBackend(say=say, image=image), rundir, scenario_text=path.read_text(),
-                              say=say, progress_every_s=0, check_fidelity=check_fidelity)
-        summary = emulation.run()
+        summary = run_scenario(path, out_root, backend=DockerBackend(say=say, image=image), run_id=run_id,
+                               check_fidelity=check_fidelity, say=say)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
-        remove_labelled(rundir.run_id, rounds=3, say=say)
-    return summary, rundir.path
+        remove_labelled(run_id, rounds=3, say=say)
+    return summary.data, summary.path

@@ -20,6 +20,9 @@ from pathlib import Path
 
 import click
 
+from .backends import BackendUnavailable
+from .rundir import RunIdError
+from .run import RunFailed, run_scenario
 from .scenario import ScenarioError, json_schema, load_scenario
 
 EXIT_FAILED = 1
@@ -120,38 +123,23 @@ def main():
 @click.option("--quiet", is_flag=True, help="No live progress lines.")
 def run(scenario_file, backend, overrides, out_root, run_id, strict, tolerance, no_fidelity, quiet):
     """Run one scenario: devices up, train, record traces, tear down."""
-    from .backends import BackendUnavailable, choose
-    from .controller import Emulation
-    from .rundir import RunDirectory, RunIdError, check_new
-
-    if run_id is not None:
-        try:
-            check_new(out_root, run_id)  # before anything runs
-        except RunIdError as exc:
-            _fail(f"--run-id: {exc}")
-    scenario, raw, plan = _load(scenario_file, overrides)
     try:
-        backend_cls = choose(backend or scenario.backend, say=_say)
-    except BackendUnavailable as exc:
-        _fail(str(exc))
-    try:
-        rundir = RunDirectory.create(out_root, plan.name, run_id)
+        summary = run_scenario(scenario_file, out_root, overrides=overrides, backend=backend, run_id=run_id, strict=strict,
+                               tolerance=tolerance, check_fidelity=not no_fidelity, progress_every_s=0 if quiet else 2.0, say=_say)
+    except ScenarioError as exc:
+        click.echo(exc.render(), err=True)
+        sys.exit(EXIT_BAD_INPUT)
     except RunIdError as exc:
         _fail(f"--run-id: {exc}")
+    except BackendUnavailable as exc:
+        _fail(str(exc))
     except OSError as exc:
         _fail(f"--out {out_root}: cannot make the run directory: {exc.strerror or exc}")
-    emulation = Emulation(
-        plan, backend_cls(say=_say), rundir, scenario_text=Path(scenario_file).read_text(),
-        resolved={"scenario": scenario.model_dump(mode="json", by_alias=True), "overrides": list(overrides)},
-        say=_say, progress_every_s=0 if quiet else 2.0, strict=strict, check_fidelity=not no_fidelity, tolerance=tolerance,
-    )
-    try:
-        summary = emulation.run()
-    except Exception as exc:  # noqa: BLE001 - the summary has been written; say where
-        click.echo(f"run failed: {type(exc).__name__}: {exc}\nrun directory: {rundir.path}", err=True)
+    except RunFailed as exc:  # the summary has been written; say where
+        click.echo(f"run failed: {exc}\nrun directory: {exc.summary.path}", err=True)
         sys.exit(EXIT_FAILED)
-    _print_summary(summary, rundir.path)
-    if summary["status"] == "interrupted":
+    _print_summary(summary.data, summary.path)
+    if summary.status == "interrupted":
         sys.exit(EXIT_INTERRUPTED)
 
 

@@ -63,7 +63,9 @@ import numpy as np
 
 from analysis.sweep import CONFIDENCE, mean_ci  # the project's one Student-t interval: sweep tables use it too
 
+from . import backends  # backends.choose, the seam tests replace
 from .rundir import completed_summary, read_jsonl, set_aside, write_json_atomic
+from .run import RunFailed, run_scenario
 from .scenario import Problem, Scenario, ScenarioError, load_scenario
 from .summary import FLAGGED, flag
 from .sweep import SEED_STRIDE, repetition_seed
@@ -134,10 +136,6 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
     to ``.attempts/``). A run that fails is a row with its status; Ctrl-C stops after the current
     run's teardown, writes the report for the runs done, and raises ``KeyboardInterrupt``.
     """
-    from .backends import choose
-    from .controller import Emulation
-    from .rundir import RunDirectory
-
     specs = _parse_all(methods, overrides)
     if repeat < 1:
         raise ScenarioError([Problem("--repeat", f"must be >= 1, got {repeat}")])
@@ -148,7 +146,7 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
              for r in planned if out is not None and (completed_summary(out / r.run_id) or {}).get("plan_digest") not in (None, r.plan_digest)]
     if stale:
         raise ScenarioError([Problem("--dir", text) for text in stale])
-    backend_cls = choose(backend, say=say)
+    backend_cls = backends.choose(backend, say=say)
     if out is None:
         out = _new_directory(Path(out_root), f"compare-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
     else:
@@ -166,19 +164,14 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
             say(f"{where}: done before, reused")
             continue
         set_aside(out, run.run_id)
-        rundir = RunDirectory.create(out, run.plan.name, run_id=run.run_id)
         say(where)
-        emulation = Emulation(
-            run.plan, backend_cls(say=say), rundir, scenario_text=text,
-            resolved={"scenario": run.scenario.model_dump(mode="json", by_alias=True), "overrides": list(run.overrides)},
-            say=say, progress_every_s=0, check_fidelity=check_fidelity,
-        )
         try:
-            summary = emulation.run()
-        except Exception as exc:  # noqa: BLE001 - a failed run is a row of the table (summary.json says why)
-            say(f"{run.spec.label}: run failed: {type(exc).__name__}: {exc}")
+            summary = run_scenario(run.scenario, out, overrides=run.overrides, backend=backend_cls.name, run_id=run.run_id,
+                                   text=text, check_fidelity=check_fidelity, say=say)
+        except RunFailed as exc:  # a failed run is a row of the table (summary.json says why)
+            say(f"{run.spec.label}: run failed: {exc}")
             continue
-        if summary["status"] == "interrupted":
+        if summary.status == "interrupted":
             interrupted = True
             break
     rows = [{**summarize_run(out / run.run_id, run.spec.label), "repeat": run.repeat, "seed": run.seed} for run in done]

@@ -8,27 +8,19 @@ from pathlib import Path
 
 import pytest
 
+from emulator.run import run_scenario as run
+
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
 TEST_SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 
 def run_scenario(path, out_root, *, backend: str = "local", overrides=(), check_fidelity: bool = True, say=None):
-    """Run a scenario file to the end through the library; returns (summary, run directory)."""
-    from emulator.backends import backend_class
-    from emulator.controller import Emulation
-    from emulator.plan import make_plan
-    from emulator.rundir import RunDirectory
-    from emulator.scenario import load_scenario
-
-    scenario, _ = load_scenario(path, list(overrides))
-    plan = make_plan(scenario)
-    rundir = RunDirectory.create(out_root, plan.name)
-    messages = []
-    emulation = Emulation(plan, backend_class(backend)(say=messages.append), rundir, scenario_text=Path(path).read_text(),
-                          say=say or messages.append, progress_every_s=0, check_fidelity=check_fidelity)
-    summary = emulation.run()
-    return summary, rundir.path
+    """Run a scenario file to the end through the library's one entry point, quietly unless
+    ``say`` is given; returns (summary, run directory)."""
+    summary = run(path, out_root, backend=backend, overrides=overrides, check_fidelity=check_fidelity,
+                  say=say or (lambda _msg: None))
+    return summary.data, summary.path
 
 
 def read_jsonl(path) -> list[dict]:
