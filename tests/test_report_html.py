@@ -90,7 +90,7 @@ def assert_every_figure_loaded(chromium: str, report: Path, tmp_path: Path) -> l
 def test_every_figure_of_a_run_report_loads_in_chromium(chromium, tmp_path):
     report = build_report(write_synthetic_run(tmp_path / "run"))
     images = assert_every_figure_loaded(chromium, report, tmp_path)
-    assert len(images) == 8  # docker backend: link utilisation too
+    assert len(images) == 9  # docker backend: link utilisation too; both directions of traffic
     assert all(i["naturalWidth"] >= 600 for i in images)
 
 
