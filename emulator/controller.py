@@ -9,6 +9,7 @@ evaluator's final accuracy, and always tears everything down, also on Ctrl-C and
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import signal
@@ -471,7 +472,7 @@ class Emulation:
         error = None
         previous_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         if previous_term is not None:
-            signal.signal(signal.SIGTERM, _raise_interrupt)
+            signal.signal(signal.SIGTERM, functools.partial(_raise_interrupt, os.getpid()))
         try:
             self.status = "preparing"
             self.shards = datasets.prepare_shards(
@@ -550,11 +551,10 @@ class Emulation:
                          read_jsonl(self.rundir.path / "rejections.jsonl"), facts)
 
 
-_CONTROLLER_PID = os.getpid()
-
-
-def _raise_interrupt(signum, frame):
-    if os.getpid() != _CONTROLLER_PID:
+def _raise_interrupt(controller_pid: int, signum, frame):
+    """SIGTERM as Ctrl-C in the process that runs the emulation (it may itself be a child a sweep
+    forked, so its pid is the one it had when the run started, not at import)."""
+    if os.getpid() != controller_pid:
         os._exit(128 + signum)  # a forked child (a library's helper) must not run our teardown
     raise KeyboardInterrupt
 
