@@ -272,10 +272,10 @@ class ForkRunner:
     in its own main thread (signals reach only a process's main thread), and its devices and
     collector are its own. Forked, not started afresh: the child begins with the sweep's modules
     imported and the data set sizes known, instead of an interpreter that imports everything
-    again and re-reads the scenario (about 1.7 s a run, measured). Forking is safe here: the
-    sweep process holds no TensorFlow (only the local backend's zygote, which the child forks,
-    loads it), the child takes none of the sweep's locks, and it leaves with ``os._exit``, never
-    returning into the sweep's threads (nor running their exit hooks).
+    again and re-reads the scenario (about 1.5 s a run, measured). Forking a threaded process is
+    safe here: the child runs no TensorFlow (devices load it in processes of their own), takes
+    none of the sweep's locks, and leaves with ``os._exit``, never returning into the sweep's
+    threads (nor running their exit hooks).
     """
 
     def __init__(self):
