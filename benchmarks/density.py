@@ -89,7 +89,7 @@ def _bare_start(docker, image: str, n: int, threads: int) -> float:
 
 def start_times(path: Path, summary: dict) -> dict:
     """Start and boot times of a run, from its events (seconds since devices began starting)."""
-    from emulator.controller import READY_EVENTS
+    from emulator.runstate import READY_EVENTS
     from emulator.rundir import read_jsonl
 
     events = read_jsonl(path / "events.jsonl")

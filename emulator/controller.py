@@ -1,10 +1,12 @@
 """One emulated training run, start to finish: plan in, run directory out.
 
 The controller prepares the data shards, asks the backend for the devices, starts the
-collector that receives every trace, then walks the plan's timeline (crashes, pauses,
-CPU and link changes) and the training-aware triggers while it shows progress. It stops at
-``max_updates`` (the server says so) or ``duration`` (it tells the server), waits for the
-evaluator's final accuracy, and always tears everything down, also on Ctrl-C and errors.
+collector that receives every trace, checks fidelity (link probes, CPU shares), then lets the
+fault injector (:mod:`emulator.faults`) walk the plan's timeline and its training-aware
+triggers while it shows progress (:mod:`emulator.runstate`: what the traces said so far). It
+stops at ``max_updates`` (the server says so) or ``duration`` (it tells the server), waits for
+the evaluator's final accuracy, and always tears everything down, also on Ctrl-C and errors;
+``summary.json`` comes from :func:`emulator.summary.summarize`.
 """
 
 from __future__ import annotations
@@ -16,23 +18,23 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from . import datasets, fidelity
 from .backends import Backend, Endpoints, RunContext
 from .collector import Collector
-from .plan import DevicePlan, EventPlan, LinkPlan, Plan
-from .rundir import RunDirectory
+from .faults import Devices, FaultInjector
+from .plan import DevicePlan, Plan
+from .rundir import RunDirectory, read_jsonl
+from .runstate import LiveState, Progress
 from .runtime import models
-from .runtime.protocol import NO_WORKER
-from .units import format_bytes, format_duration
+from .summary import RunFacts, summarize
+from .units import format_duration
 
 FINAL_EVAL_TIMEOUT_S = 300.0
 BOOT_TIMEOUT_S = 600.0
 TICK_S = 0.1
-READY_EVENTS = {"listening", "worker_ready", "evaluator_ready"}
 PROBE_BATCH = 16
 
 
@@ -41,88 +43,7 @@ class FidelityError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    import os
-
     return Path(os.environ.get("EDGE_EMULATOR_CACHE", Path.home() / ".cache" / "edge-emulator"))
-
-
-@dataclass
-class LiveState:
-    """What the controller knows from the traces, updated as records arrive."""
-
-    updates: int = 0
-    applied_bytes: int = 0
-    ingress_bytes: int = 0
-    egress_bytes: int = 0  # every frame the server sent
-    downlink_bytes: int = 0  # ... of which to workers
-    pushes: dict[str, int] = field(default_factory=dict)
-    accuracy: dict | None = None
-    final_accuracy: dict | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    done_reason: str = ""
-    rejections: int = 0
-    late_updates: int = 0
-    errors: list[dict] = field(default_factory=list)
-    ready: set = field(default_factory=set)
-    newly_ready: list = field(default_factory=list)
-    training_started: threading.Event = field(default_factory=threading.Event)
-    probes: dict = field(default_factory=dict)  # device -> merged fidelity measurements
-    max_version: int = 0  # highest model version seen (the version drops when a server restores)
-    lost_to_server: int = 0  # updates applied after the last checkpoint of a server that crashed
-    server_started_ts: float | None = None  # the server's own clock reading when training started
-    server_done_flushed: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def observe(self, stream: str, records: list[dict]) -> None:
-        with self.lock:
-            if stream == "updates":
-                for r in records:
-                    # max: a row is traced once its reply is built, so rows can swap places
-                    self.updates = max(self.updates, int(r.get("t", 0)))
-                    self.max_version = max(self.max_version, self.updates)
-                    self.applied_bytes += int(r.get("bytes", 0))
-                    name = f"worker-{r.get('worker')}"
-                    self.pushes[name] = self.pushes.get(name, 0) + 1
-            elif stream == "traffic":
-                self.ingress_bytes += sum(int(r.get("ingress_bytes", 0)) for r in records)
-                self.egress_bytes += sum(int(r.get("egress_bytes", 0)) for r in records)
-                self.downlink_bytes += sum(int(r.get("egress_bytes", 0)) for r in records if r.get("worker") != NO_WORKER)
-            elif stream == "accuracy":
-                for r in records:
-                    self.accuracy = r
-                    if r.get("final"):
-                        self.final_accuracy = r
-            elif stream == "server":
-                if any(r.get("done") for r in records):
-                    self.server_done_flushed.set()  # its traffic records up to the end are in
-            elif stream == "fidelity":
-                for r in records:
-                    self.probes.setdefault(r.get("source"), {}).update(r)
-            elif stream == "rejections":
-                late = sum(1 for r in records if r.get("reason") == "late")
-                self.late_updates += late
-                self.rejections += len(records) - late
-            elif stream == "events":
-                for r in records:
-                    kind = r.get("kind")
-                    if kind in READY_EVENTS:
-                        self.ready.add(r.get("source"))
-                        self.newly_ready.append(r.get("source"))
-                    elif kind == "training_started":
-                        if self.server_started_ts is None:
-                            self.server_started_ts = float(r.get("ts", 0.0))
-                        self.training_started.set()
-                    elif kind == "restored":
-                        # The server's own count (its version mark survives the crash); the
-                        # traces alone would miss the updates of its last, unsent batch.
-                        lost = r.get("lost")
-                        self.lost_to_server += int(lost) if lost is not None else max(0, self.max_version - int(r.get("version", 0)))
-                        self.updates = self.max_version = int(r.get("version", 0))
-                    elif kind == "training_done":
-                        self.done_reason = r.get("reason", "")
-                        self.done.set()
-                    elif kind == "error":
-                        self.errors.append(r)
 
 
 class Emulation:
@@ -139,18 +60,14 @@ class Emulation:
         self.tolerance = tolerance
         self.state = LiveState()
         self.token = secrets.token_bytes(16)
-        self.links: dict[str, LinkPlan] = {d.name: d.link for d in plan.devices}
-        self.cpus: dict[str, float] = {d.name: d.cpus for d in plan.devices}
-        self.incarnation: dict[str, int] = {}
-        self.down: set[str] = set()
+        self.devices = Devices.of(plan)  # links, CPU shares, incarnations and who is down, as faults change them
+        self.faults = FaultInjector(plan, backend, self.devices, config=self._config, send=self._send, record=self.event)
         self.collector: Collector | None = None
         self.endpoints: Endpoints | None = None
         self.start_time = 0.0  # the trace clock: ts = seconds since this instant
         self.training_start = None  # trace-clock time at which training started
         self.training_end = None  # seconds of training when the server said done
         self.status = "created"
-        self._fired_triggers: set[int] = set()
-        self._pending: list[EventPlan] = []
         self._quotas_on = False  # CPU quotas are applied after the link probes, before training
         self.net_last: dict[str, dict] = {}  # latest interface counters per device
         self.net_marks: dict[str, dict[str, dict]] = {}  # counters at training start and end
@@ -181,12 +98,12 @@ class Emulation:
     def _config(self, device: DevicePlan) -> dict:
         """The JSON document a device program reads at start."""
         ep = self.endpoints
-        incarnation = self.incarnation.get(device.name, 0)
+        incarnation = self.devices.incarnation.get(device.name, 0)
         cfg = {
             "name": device.name, "role": device.role, "token": self.token.hex(), "start_time": self.start_time,
-            "seed": (device.seed + 7919 * incarnation) & 0x7FFFFFFF, "cpus": self.cpus[device.name],
+            "seed": (device.seed + 7919 * incarnation) & 0x7FFFFFFF, "cpus": self.devices.cpus[device.name],
             "collector": [ep.collector_host, self.collector.address[1]], "ps": list(ep.server_address),
-            "transport": self.backend.transport_link(device, self.links[device.name]),
+            "transport": self.backend.transport_link(device, self.devices.links[device.name]),
             "model": self.plan.model, "classes": self.shards.classes,
         }
         if device.role == "server":
@@ -203,57 +120,8 @@ class Emulation:
             cfg.update(test_set=f"{ep.data_dir}/{Path(self.shards.test_set).name}", eval_every=self.plan.training["eval_every"])
         return cfg
 
-    # -- fault actions -------------------------------------------------------------------
-
-    def apply(self, event: EventPlan) -> None:
-        device = self.plan.device(event.target)
-        action = event.action
-        detail: dict = {}
-        if action == "crash":
-            if device.name in self.down:
-                return
-            self.backend.kill(device)
-            self.down.add(device.name)
-        elif action == "restart":
-            self.incarnation[device.name] = self.incarnation.get(device.name, 0) + 1
-            self.backend.start(device, self._config(device))
-            self.backend.set_link(device, self.links[device.name])
-            self.down.discard(device.name)
-            detail["incarnation"] = self.incarnation[device.name]
-        elif action == "pause":
-            self.backend.pause(device)
-        elif action == "resume":
-            self.backend.resume(device)
-        elif action in ("partition", "heal"):
-            cut = action == "partition"
-            if not self.backend.partition(device, cut):
-                self.collector.send(device.name, {"cmd": "shape", "transport": {"blocked": cut}})
-                detail["mechanism"] = "transport"
-        elif action == "cpus":
-            self.cpus[device.name] = float(event.params["cpus"])
-            self.backend.set_cpus(device, self.cpus[device.name])
-        elif action == "link":
-            link = replace(self.links[device.name], **event.params)
-            self.links[device.name] = link
-            self.backend.set_link(device, link)
-            self.collector.send(device.name, {"cmd": "shape", "transport": self.backend.transport_link(device, link)})
-        self.event("fault", action=action, target=device.name, planned_s=event.time_s, origin=event.source, **event.params, **detail)
-
-    def _check_triggers(self) -> None:
-        for i, trigger in enumerate(self.plan.triggers):
-            if i in self._fired_triggers:
-                continue
-            with self.state.lock:
-                pushes = self.state.pushes.get(trigger["worker"], 0)
-            if pushes >= trigger["after_pushes"]:
-                self._fired_triggers.add(i)
-                now = self.training_time()
-                self._pending.append(EventPlan(now, trigger["action"], trigger["worker"], {}, "trigger"))
-                undo = {"crash": ("restart", trigger.get("restart_after_s")), "pause": ("resume", trigger.get("for_s")),
-                        "partition": ("heal", trigger.get("for_s"))}[trigger["action"]]
-                if undo[1] is not None:
-                    self._pending.append(EventPlan(now + undo[1], undo[0], trigger["worker"], {}, "trigger"))
-                self._pending.sort(key=lambda e: e.time_s)
+    def _send(self, device: str, command: dict) -> None:
+        self.collector.send(device, command)  # through a method: the collector starts with the run
 
     # -- the run -------------------------------------------------------------------------
 
@@ -276,8 +144,8 @@ class Emulation:
                 device = self.plan.device(name)
             except KeyError:
                 continue
-            if device.name not in self.down:
-                self.backend.set_cpus(device, self.cpus[device.name])
+            if device.name not in self.devices.down:
+                self.backend.set_cpus(device, self.devices.cpus[device.name])
                 if device.role == "server" and self.training_start is not None:
                     self.collector.send("server", {"cmd": "start"})  # a restarted server resumes
 
@@ -301,8 +169,8 @@ class Emulation:
         with self.state.lock:
             self.state.newly_ready = []
         for device in self.plan.devices:
-            if device.name not in self.down:
-                self.backend.set_cpus(device, self.cpus[device.name])
+            if device.name not in self.devices.down:
+                self.backend.set_cpus(device, self.devices.cpus[device.name])
 
     def _probe_links(self) -> None:
         workers = list(self.plan.workers)
@@ -385,31 +253,6 @@ class Emulation:
         self.training_start = self.state.server_started_ts if self.state.server_started_ts is not None else self.now()
         self.event("training_started", boot_s=round(self.training_start, 3))
 
-    def _progress(self, last: dict) -> None:
-        now = self.training_time()
-        with self.state.lock:
-            updates, ingress = self.state.updates, self.state.ingress_bytes
-            acc = self.state.accuracy
-        rate = (updates - last.get("updates", 0)) / max(1e-6, now - last.get("t", 0))
-        ingress_rate = (ingress - last.get("ingress", 0)) / max(1e-6, now - last.get("t", 0))
-        max_updates = self.plan.training["max_updates"]
-        duration = self.plan.training["duration"]
-        eta = []
-        if max_updates and rate > 0:
-            eta.append((max_updates - updates) / rate)
-        if duration:
-            eta.append(duration - now)
-        alive = len(self.plan.workers) - len(self.down - {"server"})
-        parts = [f"[{format_duration(now):>7}]", f"updates {updates}" + (f"/{max_updates}" if max_updates else "") + f" ({rate:.1f}/s)"]
-        if acc:
-            parts.append(f"acc {acc['accuracy']:.3f} @ {acc['version']}")
-        parts.append(f"ingress {format_bytes(ingress_rate)}/s (total {format_bytes(ingress)})")
-        parts.append(f"workers {alive}/{len(self.plan.workers)} up")
-        if eta:
-            parts.append(f"ETA {format_duration(max(0.0, min(eta)))}")
-        self.say(" | ".join(parts))
-        last.update(t=now, updates=updates, ingress=ingress)
-
     def _sample(self) -> None:
         samples = self.backend.sample()
         if samples:
@@ -423,37 +266,32 @@ class Emulation:
                 self.net_last.update({s["device"]: s for s in net})
 
     def _loop(self) -> str:
-        timeline = list(self.plan.events)
         duration = self.plan.training["duration"]
-        last_progress: dict = {"t": 0.0}
+        progress = Progress(self.plan.training["max_updates"], duration, len(self.plan.workers))
         next_progress = next_sample = 0.0
         stop_sent = False
         server = self.plan.server
+        down = self.devices.down
         while True:
             self._throttle_ready()
             now = self.training_time()
-            while timeline and timeline[0].time_s <= now:
-                self.apply(timeline.pop(0))
-            self._check_triggers()
-            while self._pending and self._pending[0].time_s <= now:
-                self.apply(self._pending.pop(0))
+            self.faults.advance(now, self.state.pushes_of)
             if now >= next_sample:
                 self._sample()
                 next_sample = now + 1.0
             if self.progress_every_s and now >= next_progress:
-                self._progress(last_progress)
+                self.say(progress.line(now, self.state, len(self.plan.workers) - len(down - {"server"})))
                 next_progress = now + self.progress_every_s
             if self.state.done.is_set():
                 return self.state.done_reason or "done"
             if duration and now >= duration and not stop_sent:
                 self.collector.send("server", {"cmd": "stop"})
                 stop_sent = True
-            if server.name not in self.down and not self.backend.alive(server):
+            if server.name not in down and not self.backend.alive(server):
                 raise RuntimeError(f"the parameter server exited unexpectedly{self._last_error('server')}; see logs/server.log")
             if not self.backend.alive(self.plan.evaluator) and self.state.final_accuracy is None:
                 raise RuntimeError(f"the evaluator exited unexpectedly{self._last_error('evaluator')}; see logs/evaluator.log")
-            planned_restarts = any(e.action == "restart" for e in timeline + self._pending)
-            if len(self.down - {server.name}) == len(self.plan.workers) and not planned_restarts:
+            if len(down - {server.name}) == len(self.plan.workers) and not self.faults.restart_ahead:
                 self.collector.send("server", {"cmd": "stop"})
                 stop_sent = True
             time.sleep(TICK_S)
@@ -533,9 +371,6 @@ class Emulation:
         return summary
 
     def summary(self, error: Exception | None = None) -> dict:
-        from .rundir import read_jsonl
-        from .summary import RunFacts, summarize
-
         layout, shards = getattr(self, "layout", None), getattr(self, "shards", None)
         facts = RunFacts(
             run_id=self.rundir.run_id, name=self.plan.name, status=self.status, backend=self.backend.name,
@@ -559,4 +394,4 @@ def _raise_interrupt(controller_pid: int, signum, frame):
     raise KeyboardInterrupt
 
 
-__all__ = ["Emulation", "LiveState", "cache_dir"]
+__all__ = ["Emulation", "FidelityError", "cache_dir"]

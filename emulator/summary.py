@@ -49,7 +49,7 @@ FLAGGED = ("diverged", "dead")  # the outcomes a table marks
 
 
 class Counters(Protocol):
-    """What the controller counted from the traces as they arrived (``controller.LiveState``)."""
+    """What the controller counted from the traces as they arrived (``runstate.LiveState``)."""
 
     updates: int
     applied_bytes: int

@@ -19,8 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from emulator.controller import Emulation, LiveState
+from emulator.controller import Emulation
 from emulator.rundir import RunDirectory, read_jsonl
+from emulator.runstate import LiveState
 from emulator.runtime.protocol import NO_WORKER
 from emulator.summary import (
     CHANCE_FACTOR, LOSS_MARGIN, NON_FINITE_REASONS, WARMUP_UPDATES, RunFacts, flag, judge, summarize, wire_bytes,
