@@ -14,16 +14,24 @@ input. Exit status, the same for every command:
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
 import click
 
+from . import backends, cleanup  # used as backends.choose, cleanup.clean_all, checks.diagnose: the seams tests replace
+from . import doctor as checks
 from .backends import BackendUnavailable
-from .rundir import RunIdError
+from .backends.swarm import push_images
+from .host import images as image_lib
+from .plan import check_dataset, make_plan
+from .rundir import RunIdError, check_run_id
 from .run import RunFailed, run_scenario
 from .scenario import ScenarioError, json_schema, load_scenario
+from .sweep import Sweep, SweepError, default_directory, run_sweep
+from .units import format_bytes, format_rate
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -50,8 +58,6 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT):
 def _writable(path, option: str) -> None:
     """Exit 2 naming the option when ``path`` cannot hold run directories (made here if missing),
     so that a typo or a read-only folder is bad input, not a traceback after the first run."""
-    import os
-
     target = Path(path)
     try:
         target.mkdir(parents=True, exist_ok=True)
@@ -63,7 +69,7 @@ def _writable(path, option: str) -> None:
 
 def _docker_client():
     """The Docker SDK's client, or exit 2 saying that no daemon answers."""
-    try:
+    try:  # here: the docker SDK, for the commands that talk to a daemon
         import docker
 
         from .backends.docker import client
@@ -76,8 +82,6 @@ def _docker_client():
 
 
 def _load(path: str, overrides: tuple[str, ...]):
-    from .plan import check_dataset, make_plan
-
     try:
         scenario, raw = load_scenario(path, list(overrides))
         plan = make_plan(scenario)
@@ -144,8 +148,6 @@ def run(scenario_file, backend, overrides, out_root, run_id, strict, tolerance, 
 
 
 def _print_summary(summary: dict, path) -> None:
-    from .units import format_bytes
-
     acc = summary.get("final_accuracy")
     accuracy = f"{acc:.4f} at update {summary.get('final_version')}" if acc is not None else "(none recorded)"
     lines = [
@@ -174,8 +176,6 @@ def plan(scenario_file, overrides, as_json):
 
 
 def render_plan(p) -> str:
-    from .units import format_bytes, format_rate
-
     def link(l):
         bits = []
         bits.append(f"up {format_rate(l.uplink_bps)}" if l.uplink_bps else "up unshaped")
@@ -229,12 +229,11 @@ def render_plan(p) -> str:
 def compare(scenario_file, methods, backend, overrides, out_root, directory, repeat, target_accuracy, no_fidelity, quiet):
     """Run one scenario once per method and repetition (each repetition one seed for every method):
     one table with intervals, paired differences, one figure."""
-    from .backends import BackendUnavailable, choose
-    from .compare import compare as run_compare
+    from .compare import compare as run_compare  # here: it brings pandas, which the other commands do without
 
     _load(scenario_file, overrides)  # refuse a bad scenario before anything runs
     try:
-        choose(backend, say=lambda _msg: None)  # and a backend this machine lacks, before any folder is made
+        backends.choose(backend, say=lambda _msg: None)  # and a backend this machine lacks, before any folder is made
     except BackendUnavailable as exc:
         _fail(str(exc))
     if directory:
@@ -267,15 +266,12 @@ def schema():
 @click.option("--run", "run_id", default=None, help="Only this run's resources.")
 def clean(run_id):
     """Remove every resource the emulator created (processes' cgroups, containers, networks, qdiscs)."""
-    from .cleanup import clean_all
-    from .rundir import RunIdError, check_run_id
-
     if run_id is not None:
         try:
             check_run_id(run_id)  # it names a cgroup subtree: '..' would reach every process's
         except RunIdError as exc:
             _fail(f"--run: {exc}")
-    removed = clean_all(run_id, say=_say)
+    removed = cleanup.clean_all(run_id, say=_say)
     click.echo(f"removed {len(removed)} resource(s)")
     for item in removed:
         click.echo(f"  {item}")
@@ -290,8 +286,6 @@ def images():
 @click.option("--force", is_flag=True, help="Rebuild even if the tag exists.")
 def images_build(force):
     """Build the runtime image if it is missing (base, wheels, code layer)."""
-    from .host import images as image_lib
-
     docker_client = _docker_client()
     try:
         tag = image_lib.ensure_runtime_image(docker_client, force=force, progress=_say)
@@ -303,8 +297,6 @@ def images_build(force):
 @images.command("status")
 def images_status():
     """Which base and runtime image exist, and whether the runtime image matches the code."""
-    from .host import images as image_lib
-
     click.echo(json.dumps(image_lib.image_status(_docker_client()), indent=1))
 
 
@@ -313,9 +305,6 @@ def images_status():
 def images_push(registry):
     """Push the runtime and swarm agent images to REGISTRY (host:port), for the nodes of a swarm
     to pull (then run with EMULATE_SWARM_REGISTRY=REGISTRY)."""
-    from .host import images as image_lib
-    from .backends.swarm import push_images
-
     if not REGISTRY.fullmatch(registry):  # found now, not after building the image
         _fail(f"REGISTRY {registry!r}: expected HOST[:PORT][/PATH], e.g. registry.lab:5000")
     docker_client = _docker_client()
@@ -329,10 +318,8 @@ def images_push(registry):
 @main.command()
 def doctor():
     """What this machine offers: Docker, kernel qdiscs, iptables, cgroups, image, data sets."""
-    from .doctor import diagnose
-
     ok = True
-    for name, status, detail in diagnose():
+    for name, status, detail in checks.diagnose():
         mark = {"ok": "ok  ", "warn": "warn", "fail": "FAIL", "info": "info"}[status]
         ok = ok and status != "fail"
         first, *more = detail.splitlines() or [""]
@@ -346,7 +333,7 @@ def doctor():
 @click.option("--runs", "per_run", is_flag=True, help="For a sweep or a folder of runs: also build each run's own report.")
 def report(path, per_run):
     """Figures and tables of a run, a sweep or a folder of runs, written to PATH/report/."""
-    from analysis.report import build_report
+    from analysis.report import build_report  # here: matplotlib and pandas, for this command only
 
     try:
         out = build_report(path, per_run=per_run)
@@ -371,12 +358,9 @@ def report(path, per_run):
 @click.option("--no-report", is_flag=True, help="Do not write sweep.md, sweep.csv and the report at the end.")
 def sweep(scenario_file, grid, repeat, jobs, directory, backend, overrides, no_fidelity, no_report):
     """Run a scenario over a grid of values, each point repeated; finished runs are reused on a rerun."""
-    from .backends import BackendUnavailable, choose
-    from .sweep import Sweep, SweepError, default_directory, run_sweep
-
     scenario, _, _ = _load(scenario_file, overrides)
     try:
-        backend_name = choose(backend or scenario.backend, say=_say).name
+        backend_name = backends.choose(backend or scenario.backend, say=_say).name
     except BackendUnavailable as exc:
         _fail(str(exc))
     try:
@@ -393,7 +377,7 @@ def sweep(scenario_file, grid, repeat, jobs, directory, backend, overrides, no_f
     for entry in failed:
         click.echo(f"  {entry['run_id']}: {entry['status']}" + (f" ({entry['error']})" if entry.get("error") else ""))
     if not no_report and result.count("completed"):
-        from analysis.report import build_report
+        from analysis.report import build_report  # matplotlib and pandas: only when there is a report to draw
 
         click.echo(f"report: {build_report(result.directory) / 'report.html'} (table: {result.directory / 'sweep.md'})")
     if result.interrupted:

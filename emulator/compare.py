@@ -57,21 +57,19 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
 from analysis.sweep import CONFIDENCE, mean_ci  # the project's one Student-t interval: sweep tables use it too
 
 from . import backends  # backends.choose, the seam tests replace
+from .plan import Plan, make_plan
 from .rundir import completed_summary, read_jsonl, set_aside, write_json_atomic
 from .run import RunFailed, run_scenario
 from .scenario import Problem, Scenario, ScenarioError, load_scenario
 from .summary import FLAGGED, flag
 from .sweep import SEED_STRIDE, repetition_seed
-
-if TYPE_CHECKING:
-    from .plan import Plan
 
 DEFAULT_TARGET_FRACTION = 0.9
 FIGURE = "accuracy_vs_ingress.png"
@@ -203,8 +201,6 @@ class PlannedRun:
 
 def _plan_runs(scenario_path, specs: list[MethodSpec], overrides, repeat: int) -> list[PlannedRun]:
     """Every run of the comparison, repetitions outside and methods inside; ScenarioError on the first bad one."""
-    from .plan import make_plan
-
     planned = []
     for r in range(repeat):
         for i, spec in enumerate(specs, start=1):
