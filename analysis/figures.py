@@ -321,7 +321,7 @@ def _order(device) -> tuple:
 
 def cpu_utilisation(stats: pd.DataFrame, quotas: Mapping[str, float] | None = None, faults: pd.DataFrame | None = None) -> Figure | None:
     """CPU used per device over time (cores: CPU-seconds per second), planned quotas dotted."""
-    from .runs import counter_rates
+    from analysis.runs import counter_rates
 
     if stats is None or stats.empty or stats["cpu_s"].notna().sum() == 0:
         return None
@@ -341,7 +341,7 @@ def cpu_utilisation(stats: pd.DataFrame, quotas: Mapping[str, float] | None = No
 
 def link_utilisation(net: pd.DataFrame, faults: pd.DataFrame | None = None) -> Figure | None:
     """Bytes per second on each device's interface, received (top) and sent (bottom); docker only."""
-    from .runs import counter_rates
+    from analysis.runs import counter_rates
 
     if net is None or net.empty or net["rx_bytes"].notna().sum() == 0:
         return None
@@ -384,7 +384,7 @@ def mean_band(ax, runs: Sequence[pd.DataFrame], x: str, y: str, *, label: str | 
     does not end the line, but the mean past it is over fewer runs); the band where two or more
     do. A single run is drawn as its own line.
     """
-    from .sweep import mean_ci
+    from analysis.sweep import mean_ci
 
     curves = []
     for table in runs:

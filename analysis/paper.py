@@ -31,8 +31,8 @@ from pathlib import Path
 
 from emulator.summary import flag
 
-from . import figures
-from .runs import accuracy_with_ingress, load_collection, load_run, worker_shares
+from analysis import figures
+from analysis.runs import accuracy_with_ingress, load_collection, load_run, worker_shares
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "scenarios" / "paper"
@@ -365,7 +365,7 @@ def run_failure(run_dir: Path) -> str | None:
 def authors_bytes_per_update(rows: list[dict], directory: Path, layout, grads) -> dict[str, int | None]:
     """Per method, the bytes of one push in the authors' own format (their pickled messages, see
     analysis.byte_bases) for the same update: dense and top-k methods only."""
-    from .byte_bases import AUTHORS_FRAME, authors_dense_message, authors_sparse_message
+    from analysis.byte_bases import AUTHORS_FRAME, authors_dense_message, authors_sparse_message
     from compression.topk import keep_count, top_magnitude
 
     names = [t.name for t in layout.tensors]
@@ -439,7 +439,7 @@ def sweep_failures(collection, name: str) -> dict[int, list[str]]:
 
 def sweep_section(collection, keys: list[str], name: str) -> tuple[list[str], list[str]]:
     """The sweep's table, with a column naming the cause of each point's failed runs, and the failures."""
-    from .sweep import aggregate, aggregate_rows, markdown_table
+    from analysis.sweep import aggregate, aggregate_rows, markdown_table
 
     causes = sweep_failures(collection, name)
     agg = aggregate(collection.table(), keys)
@@ -491,7 +491,7 @@ def write_results(out: Path, meta: dict, sections: list[Section]) -> Path:
 
 
 def methods_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
-    from .byte_bases import real_gradient
+    from analysis.byte_bases import real_gradient
 
     methods = run_methods(profile, out, backend, dataset, say)
     layout, grads = real_gradient(dataset)
@@ -540,7 +540,7 @@ def staleness_experiment(profile: Profile, out: Path, backend: str, dataset: str
     sigma / d AdaComp's rule divides by, and AdaComp's accuracy minus Comp-c's (paired)."""
     import pandas as pd
 
-    from .staleness import staleness_by_workers, staleness_figures
+    from analysis.staleness import staleness_by_workers, staleness_figures
 
     if not profile.staleness_workers:
         return Section("Staleness against the number of workers", ["Not in this profile."], [], "-")
@@ -605,8 +605,8 @@ def two_way_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
     """Beyond the paper: the model pull measured and compressed like the push. Per link profile and
     worker count, the methods with paired repeats: final accuracy and time to target (intervals),
     up / down / two-way bytes per update, and the server's CPU per update."""
-    from .runs import server_cpu_per_update, traffic_both_ways
-    from .sweep import mean_ci
+    from analysis.runs import server_cpu_per_update, traffic_both_ways
+    from analysis.sweep import mean_ci
 
     if not profile.two_way_workers:
         return Section("Both directions of traffic", ["Not in this profile."], [], "-")
@@ -667,7 +667,7 @@ def _interval_cell(interval: dict | None, spec: str, plain: bool = False) -> str
 
 def bytes_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
     """One push measured on both bases across c: no run, one real gradient of the paper's CNN."""
-    from .byte_bases import markdown, measure, real_gradient
+    from analysis.byte_bases import markdown, measure, real_gradient
 
     layout, grads = real_gradient(dataset)
     body = [f"One batch-10 gradient of the paper's CNN on {dataset} at its initial weights, pushed dense and as "

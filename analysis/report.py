@@ -19,12 +19,12 @@ import pandas as pd
 
 from emulator.units import format_bytes
 
-from . import figures
-from .runs import (
+from analysis import figures
+from analysis.runs import (
     Collection, Run, accuracy_with_ingress, ingress_per_second, is_run_dir, is_sweep_dir, load_collection, load_run, summary_row,
     traffic_both_ways, worker_shares,
 )
-from .sweep import aggregate_rows, markdown_table, plotted_keys, value_label, write_tables
+from analysis.sweep import aggregate_rows, markdown_table, plotted_keys, value_label, write_tables
 
 REPORT_DIR = "report"
 SUMMARY_HEADERS = ["run", "status", "method", "workers", "final accuracy", "updates", "ingress payload",

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .figures import _legend
+from analysis.figures import _legend
 
 
 def staleness_figures(updates: pd.DataFrame) -> dict[str, float | int | None]:

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .common import dataset_line, docker_and_dataset, run_docker_scenario
+from benchmarks.common import dataset_line, docker_and_dataset, run_docker_scenario
 
 MB = 1e6
 STEADY_AFTER_S = 5.0  # memory samples this long after training started count as steady state

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 
-from .common import dataset_line, docker_and_dataset, run_docker_scenario
+from benchmarks.common import dataset_line, docker_and_dataset, run_docker_scenario
 
 WITHIN = 0.05
 MECHANISM = {"uplink_bps": "uplink", "downlink_bps": "downlink", "rtt_s": "delay", "cpu_quota": "cpus", "cpu_share": "cpus"}

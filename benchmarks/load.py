@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 
-from .common import cnn_layout, realistic_gradient
-from .pushers import ServerProcess, pusher
+from benchmarks.common import cnn_layout, realistic_gradient
+from benchmarks.pushers import ServerProcess, pusher
 
 MiB = 1 << 20
 END_MARGIN_S = 1.0  # the end sample, this long before the pushers' deadline

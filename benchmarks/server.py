@@ -23,8 +23,8 @@ import time
 
 import numpy as np
 
-from .common import cnn_layout, measure, realistic_gradient
-from .pushers import ServerProcess, pusher
+from benchmarks.common import cnn_layout, measure, realistic_gradient
+from benchmarks.pushers import ServerProcess, pusher
 
 
 def _loopback_receiver(port_q, seconds, result_q):

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .common import cnn_layout, realistic_gradient
+from benchmarks.common import cnn_layout, realistic_gradient
 
 
 def log2_binomial(n: int, k: int) -> float:

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from .common import cnn_layout, measure
+from benchmarks.common import cnn_layout, measure
 
 METHODS = {
     "topk c=1% (adacomp, comp_c)": ("topk", {"c": 0.01}),

@@ -8,14 +8,14 @@ Inf raises :class:`NonFiniteGradient`, never a trimmed selection). Registered co
 module each; ``ErrorFeedback`` wraps any of them that does not keep its own residual.
 """
 
-from . import (  # noqa: F401  (importing a module registers its compressor)
+from compression import (  # noqa: F401  (importing a module registers its compressor)
     adaptive_residual, dense, dgc, fp16, powersgd, qsgd, randomk, signsgd, terngrad, threshold, topk,
 )
-from .base import COMPRESSORS, Compressor, NonFiniteGradient, Params, build, register
-from .codec import CodecError, decode, encode
-from .layout import Layout, TensorSpec
-from .memory import ErrorFeedback
-from .parts import (
+from compression.base import COMPRESSORS, Compressor, NonFiniteGradient, Params, build, register
+from compression.codec import CodecError, decode, encode
+from compression.layout import Layout, TensorSpec
+from compression.memory import ErrorFeedback
+from compression.parts import (
     DensePart, HalfPart, LowRankPart, Part, QuantizedPart, SignPart, SparsePart, SparseSignPart, WireFormat,
 )
 

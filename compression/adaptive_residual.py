@@ -31,8 +31,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from .base import Compressor, Params, register
-from .parts import SparseSignPart, as_scale
+from compression.base import Compressor, Params, register
+from compression.parts import SparseSignPart, as_scale
 
 CONV_BIN_SIZE = 50
 FC_BIN_SIZE = 500

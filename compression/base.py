@@ -22,8 +22,8 @@ from typing import ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from .layout import Layout
-from .parts import Part
+from compression.layout import Layout
+from compression.parts import Part
 
 
 class NonFiniteGradient(ValueError):

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import struct
 
-from .layout import Layout
-from .parts import KNOWN_FLAGS, PART_KINDS, Part, PartError, WireFormat
+from compression.layout import Layout
+from compression.parts import KNOWN_FLAGS, PART_KINDS, Part, PartError, WireFormat
 
 FORMAT_VERSION = 1
 _HEAD = struct.Struct("<BH")

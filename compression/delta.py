@@ -34,10 +34,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from . import bitpack, elias_fano
-from .codec import encode
-from .layout import Layout
-from .parts import DensePart, Part, QuantizedPart, SparseLevelsPart, SparsePart, WireFormat, as_scale, level_bits
+from compression import bitpack, elias_fano
+from compression.codec import encode
+from compression.layout import Layout
+from compression.parts import DensePart, Part, QuantizedPart, SparseLevelsPart, SparsePart, WireFormat, as_scale, level_bits
 
 MESSAGE_HEAD = 3  # the codec's format version and part count
 PART_HEAD = 6  # per part: kind, flags, body length

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .base import Compressor, register
-from .parts import DensePart
+from compression.base import Compressor, register
+from compression.parts import DensePart
 
 
 @register

@@ -26,9 +26,9 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from .base import Compressor, Params, register
-from .parts import SparsePart
-from .topk import keep_count, top_magnitude
+from compression.base import Compressor, Params, register
+from compression.parts import SparsePart
+from compression.topk import keep_count, top_magnitude
 
 WARMUP_DENSITY = 0.25
 

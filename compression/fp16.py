@@ -7,8 +7,8 @@ the wire's value format (which applies to float32 parts).
 
 from __future__ import annotations
 
-from .base import Compressor, register
-from .parts import HalfPart, to_half
+from compression.base import Compressor, register
+from compression.parts import HalfPart, to_half
 
 
 @register

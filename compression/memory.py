@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Compressor
-from .codec import round_trip
-from .parts import Part, WireFormat
+from compression.base import Compressor
+from compression.codec import round_trip
+from compression.parts import Part, WireFormat
 
 
 class ErrorFeedback:

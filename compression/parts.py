@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from . import bitpack, elias_fano
+from compression import bitpack, elias_fano
 
 FLAG_F16_VALUES = 0x01
 FLAG_RAW32_INDICES = 0x02

@@ -30,9 +30,9 @@ import math
 import numpy as np
 from pydantic import Field
 
-from .base import Compressor, Params, register
-from .layout import TensorSpec
-from .parts import DensePart, LowRankPart
+from compression.base import Compressor, Params, register
+from compression.layout import TensorSpec
+from compression.parts import DensePart, LowRankPart
 
 
 class PowerSGDParams(Params):

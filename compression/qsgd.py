@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from .base import Compressor, Params, register
-from .parts import MAX_LEVELS, QuantizedPart, as_scale
+from compression.base import Compressor, Params, register
+from compression.parts import MAX_LEVELS, QuantizedPart, as_scale
 
 
 class QSGDParams(Params):

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from .base import Compressor, Params, register
-from .parts import SparsePart
-from .topk import keep_count
+from compression.base import Compressor, Params, register
+from compression.parts import SparsePart
+from compression.topk import keep_count
 
 
 class RandomKParams(Params):

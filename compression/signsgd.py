@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Compressor, register
-from .parts import SignPart, as_scale
+from compression.base import Compressor, register
+from compression.parts import SignPart, as_scale
 
 
 @register

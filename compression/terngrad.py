@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from .base import Compressor, Params, register
-from .parts import QuantizedPart, as_scale
-from .qsgd import stochastic_codes
+from compression.base import Compressor, Params, register
+from compression.parts import QuantizedPart, as_scale
+from compression.qsgd import stochastic_codes
 
 
 class TernGradParams(Params):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from .base import Compressor, Params, register
-from .parts import SparsePart
+from compression.base import Compressor, Params, register
+from compression.parts import SparsePart
 
 
 class ThresholdParams(Params):

@@ -11,8 +11,8 @@ import math
 import numpy as np
 from pydantic import Field
 
-from .base import Compressor, Params, register
-from .parts import SparsePart
+from compression.base import Compressor, Params, register
+from compression.parts import SparsePart
 
 
 def keep_count(size: int, c: float) -> int:

@@ -15,7 +15,7 @@ import shlex
 import subprocess
 from typing import Callable
 
-from .host import cgroups
+from emulator.host import cgroups
 
 HOST_CHAIN_PREFIX = "EMU-"
 DOCKER_ROUNDS = 5  # passes of label-based removal, a second apart, until nothing labelled is left
@@ -24,7 +24,7 @@ DOCKER_ROUNDS = 5  # passes of label-based removal, a second apart, until nothin
 def clean_all(run_id: str | None = None, say: Callable[[str], None] = print) -> list[str]:
     removed = [f"cgroup {p}" for p in cgroups.remove_tree(run_id)]
     try:  # swarm first: its services' containers and networks are labelled too, and Swarm owns them
-        from .backends.swarm import remove_swarm_labelled
+        from emulator.backends.swarm import remove_swarm_labelled
 
         removed += remove_swarm_labelled(run_id, say=say)
     except Exception as exc:  # noqa: BLE001 - no daemon, no swarm
@@ -38,7 +38,7 @@ def clean_all(run_id: str | None = None, say: Callable[[str], None] = print) -> 
 
 def _remove_docker(run_id: str | None, say: Callable[[str], None]) -> list[str]:
     """Remove labelled containers and networks, looking again until none is left."""
-    from .backends.docker import client, remove_labelled
+    from emulator.backends.docker import client, remove_labelled
 
     return remove_labelled(run_id, client(timeout=30), rounds=DOCKER_ROUNDS, say=say)
 
@@ -47,7 +47,7 @@ def remove_probe_leftovers(say: Callable[[str], None] = print) -> list[str]:
     """The kernel probe's veth pair and the emulator's iptables chains in the host's namespace."""
     removed = []
     try:
-        from .host.links import PROBE_IFACES, rtnl
+        from emulator.host.links import PROBE_IFACES, rtnl
 
         with rtnl() as ipr:
             for name in PROBE_IFACES:

@@ -21,17 +21,17 @@ from pathlib import Path
 
 import click
 
-from . import backends, cleanup  # used as backends.choose, cleanup.clean_all, checks.diagnose: the seams tests replace
-from . import doctor as checks
-from .backends import BackendUnavailable
-from .backends.swarm import push_images
-from .host import images as image_lib
-from .plan import check_dataset, make_plan
-from .rundir import RunIdError, check_run_id
-from .run import RunFailed, run_scenario
-from .scenario import ScenarioError, json_schema, load_scenario
-from .sweep import Sweep, SweepError, default_directory, run_sweep
-from .units import format_bytes, format_rate
+from emulator import backends, cleanup  # used as backends.choose, cleanup.clean_all, checks.diagnose: the seams tests replace
+from emulator import doctor as checks
+from emulator.backends import BackendUnavailable
+from emulator.backends.swarm import push_images
+from emulator.host import images as image_lib
+from emulator.plan import check_dataset, make_plan
+from emulator.rundir import RunIdError, check_run_id
+from emulator.run import RunFailed, run_scenario
+from emulator.scenario import ScenarioError, json_schema, load_scenario
+from emulator.sweep import Sweep, SweepError, default_directory, run_sweep
+from emulator.units import format_bytes, format_rate
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -72,7 +72,7 @@ def _docker_client():
     try:  # here: the docker SDK, for the commands that talk to a daemon
         import docker
 
-        from .backends.docker import client
+        from emulator.backends.docker import client
     except ImportError:
         _fail("the docker Python package is not installed (make setup installs it)")
     try:
@@ -229,7 +229,7 @@ def render_plan(p) -> str:
 def compare(scenario_file, methods, backend, overrides, out_root, directory, repeat, target_accuracy, no_fidelity, quiet):
     """Run one scenario once per method and repetition (each repetition one seed for every method):
     one table with intervals, paired differences, one figure."""
-    from .compare import compare as run_compare  # here: it brings pandas, which the other commands do without
+    from emulator.compare import compare as run_compare  # here: it brings pandas, which the other commands do without
 
     _load(scenario_file, overrides)  # refuse a bad scenario before anything runs
     try:

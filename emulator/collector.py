@@ -12,9 +12,9 @@ import socket
 import threading
 from typing import Callable
 
-from .host.peerserver import PeerServer
-from .rundir import STREAMS, RunDirectory
-from .runtime import protocol
+from emulator.host.peerserver import PeerServer
+from emulator.rundir import STREAMS, RunDirectory
+from emulator.runtime import protocol
 
 MAX_TRACE_FRAME = 8 << 20
 

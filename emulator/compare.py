@@ -63,13 +63,13 @@ import numpy as np
 
 from analysis.sweep import CONFIDENCE, mean_ci  # the project's one Student-t interval: sweep tables use it too
 
-from . import backends  # backends.choose, the seam tests replace
-from .plan import Plan, make_plan
-from .rundir import completed_summary, read_jsonl, set_aside, write_json_atomic
-from .run import RunFailed, run_scenario
-from .scenario import Problem, Scenario, ScenarioError, load_scenario
-from .summary import FLAGGED, flag
-from .sweep import SEED_STRIDE, repetition_seed
+from emulator import backends  # backends.choose, the seam tests replace
+from emulator.plan import Plan, make_plan
+from emulator.rundir import completed_summary, read_jsonl, set_aside, write_json_atomic
+from emulator.run import RunFailed, run_scenario
+from emulator.scenario import Problem, Scenario, ScenarioError, load_scenario
+from emulator.summary import FLAGGED, flag
+from emulator.sweep import SEED_STRIDE, repetition_seed
 
 DEFAULT_TARGET_FRACTION = 0.9
 FIGURE = "accuracy_vs_ingress.png"

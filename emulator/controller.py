@@ -21,16 +21,16 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import datasets, fidelity
-from .backends import Backend, Endpoints, RunContext
-from .collector import Collector
-from .faults import Devices, FaultInjector
-from .plan import DevicePlan, Plan
-from .rundir import RunDirectory, read_jsonl
-from .runstate import LiveState, Progress
-from .runtime import models
-from .summary import RunFacts, summarize
-from .units import format_duration
+from emulator import datasets, fidelity
+from emulator.backends import Backend, Endpoints, RunContext
+from emulator.collector import Collector
+from emulator.faults import Devices, FaultInjector
+from emulator.plan import DevicePlan, Plan
+from emulator.rundir import RunDirectory, read_jsonl
+from emulator.runstate import LiveState, Progress
+from emulator.runtime import models
+from emulator.summary import RunFacts, summarize
+from emulator.units import format_duration
 
 FINAL_EVAL_TIMEOUT_S = 300.0
 BOOT_TIMEOUT_S = 600.0

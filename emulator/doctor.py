@@ -6,7 +6,7 @@ import os
 import platform
 from pathlib import Path
 
-from .host import cgroups
+from emulator.host import cgroups
 
 
 def diagnose() -> list[tuple[str, str, str]]:
@@ -18,7 +18,7 @@ def diagnose() -> list[tuple[str, str, str]]:
 
     docker_ok = False
     try:
-        from .backends.docker import DockerBackend, client
+        from emulator.backends.docker import DockerBackend, client
 
         docker_ok, why = DockerBackend.available()
         if docker_ok:
@@ -34,8 +34,8 @@ def diagnose() -> list[tuple[str, str, str]]:
     rows.append(("cgroups", "ok" if ok else "warn", f"{version}; " + ("CPU quotas enforceable for local devices" if ok else why)))
 
     if os.geteuid() == 0:
-        from .host import links
-        from .plan import LinkPlan
+        from emulator.host import links
+        from emulator.plan import LinkPlan
 
         features = links.detect()
         qdiscs = ", ".join(k for k in ("htb", "tbf", "netem") if getattr(features, k)) or "none"
@@ -49,7 +49,7 @@ def diagnose() -> list[tuple[str, str, str]]:
 
     if docker_ok:
         try:
-            from .host import images
+            from emulator.host import images
 
             status = images.image_status()
             state = "up to date" if status.get("up_to_date") else "missing or stale (built on first run, or: emulate images build)"
@@ -63,7 +63,7 @@ def diagnose() -> list[tuple[str, str, str]]:
 def dataset_rows() -> list[tuple[str, str, str]]:
     """One row per data set: its sizes and source, or the whole "not available" message (every
     place tried, and what to install)."""
-    from . import datasets
+    from emulator import datasets
 
     rows = []
     for name in sorted(datasets.DATASETS):

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from .backends import Backend
-from .plan import DevicePlan, EventPlan, LinkPlan, Plan
+from emulator.backends import Backend
+from emulator.plan import DevicePlan, EventPlan, LinkPlan, Plan
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .plan import DevicePlan, Plan
+from emulator.plan import DevicePlan, Plan
 
 RTT_FLOOR_S = 0.005  # absolute slack on round-trip times (scheduling, Python)
 # tc shapes whole frames (Ethernet + IP + TCP headers); a probe measures TCP payload. With a
@@ -86,7 +86,7 @@ def describe(report: dict) -> list[str]:
 
 def probe_request(device: DevicePlan, server: DevicePlan, cpu_seconds: float) -> dict:
     """The probe command for one worker: transfer sizes of about two seconds at the expected rates."""
-    from .runtime.probe import probe_sizes
+    from emulator.runtime.probe import probe_sizes
 
     up = _expected_rate(device.link.uplink_bps, server.link.downlink_bps)
     down = _expected_rate(device.link.downlink_bps, server.link.uplink_bps)

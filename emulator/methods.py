@@ -17,8 +17,8 @@ from pydantic import BaseModel, ValidationError
 import compression
 from compression import COMPRESSORS
 
-from .problems import Problem, problems_from
-from .runtime.rules import RULES
+from emulator.problems import Problem, problems_from
+from emulator.runtime.rules import RULES
 
 
 class MethodSection(Protocol):

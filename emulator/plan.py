@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import datasets, methods
-from .scenario import BOUNDS, Problem, Scenario, ScenarioError, TimedEvent, resolve_targets
+from emulator import datasets, methods
+from emulator.scenario import BOUNDS, Problem, Scenario, ScenarioError, TimedEvent, resolve_targets
 
 DEFAULT_HORIZON_S = 3600.0
 MAX_RANDOM_CRASHES = 100_000

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import yaml
 
-from . import backends, controller  # used as backends.choose and controller.Emulation: the seams tests replace
-from .backends import Backend
-from .plan import check_dataset, make_plan
-from .problems import ScenarioError
-from .rundir import RunDirectory, check_new
-from .scenario import Scenario, load_scenario
+from emulator import backends, controller  # used as backends.choose and controller.Emulation: the seams tests replace
+from emulator.backends import Backend
+from emulator.plan import check_dataset, make_plan
+from emulator.problems import ScenarioError
+from emulator.rundir import RunDirectory, check_new
+from emulator.scenario import Scenario, load_scenario
 
 
 @dataclass(frozen=True)

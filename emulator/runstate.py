@@ -13,8 +13,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from .runtime.protocol import NO_WORKER
-from .units import format_bytes, format_duration
+from emulator.runtime.protocol import NO_WORKER
+from emulator.units import format_bytes, format_duration
 
 READY_EVENTS = {"listening", "worker_ready", "evaluator_ready"}
 

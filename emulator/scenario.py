@@ -33,11 +33,11 @@ from pydantic import (
 
 from compression.delta import DELTA_VALUES
 
-from . import datasets, units
-from .methods import check_method
-from .problems import Problem, ScenarioError, field_names, format_path, model_at, problems_from
-from .runtime import models
-from .runtime.downlink import PULL_MODES
+from emulator import datasets, units
+from emulator.methods import check_method
+from emulator.problems import Problem, ScenarioError, field_names, format_path, model_at, problems_from
+from emulator.runtime import models
+from emulator.runtime.downlink import PULL_MODES
 
 MAX_FILE_BYTES = 1 << 20
 MAX_EXPANDED_VALUES = 100_000

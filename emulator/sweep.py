@@ -50,11 +50,11 @@ from typing import Callable, Protocol
 
 import yaml
 
-from .plan import check_dataset, make_plan
-from .run import RunFailed, run_scenario
-from .rundir import completed_summary, set_aside, write_json_atomic
-from .scenario import Scenario, ScenarioError, load_scenario
-from .units import format_duration
+from emulator.plan import check_dataset, make_plan
+from emulator.run import RunFailed, run_scenario
+from emulator.rundir import completed_summary, set_aside, write_json_atomic
+from emulator.scenario import Scenario, ScenarioError, load_scenario
+from emulator.units import format_duration
 
 SEED_STRIDE = 2654435761  # odd (Knuth's multiplicative hash constant): r -> seed_r is one-to-one mod 2**32
 SEED_MODULUS = 2**32

@@ -3,7 +3,7 @@ one service per device over the nodes of a Docker swarm."""
 
 from __future__ import annotations
 
-from .base import Backend, BackendUnavailable, Endpoints, RunContext
+from emulator.backends.base import Backend, BackendUnavailable, Endpoints, RunContext
 
 BACKENDS: dict[str, str] = {
     "local": "emulator.backends.local:LocalBackend",

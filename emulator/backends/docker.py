@@ -19,10 +19,10 @@ from typing import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..host import links, procstats
-from ..plan import DevicePlan, LinkPlan
-from .base import Backend, Endpoints, RunContext
-from .subnets import free_subnet
+from emulator.host import links, procstats
+from emulator.plan import DevicePlan, LinkPlan
+from emulator.backends.base import Backend, Endpoints, RunContext
+from emulator.backends.subnets import free_subnet
 
 LABEL = "edge-emulator"
 RUN_LABEL = "edge-emulator.run"
@@ -76,7 +76,7 @@ class DockerBackend(Backend):
     # -- run set-up ----------------------------------------------------------------------
 
     def prepare(self, ctx, devices):
-        from ..host import images
+        from emulator.host import images
 
         self.ctx = ctx
         if self.image is None:

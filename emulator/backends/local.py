@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from ..host import cgroups, procstats
-from ..plan import DevicePlan, LinkPlan
-from .base import Backend, Endpoints, RunContext
+from emulator.host import cgroups, procstats
+from emulator.plan import DevicePlan, LinkPlan
+from emulator.backends.base import Backend, Endpoints, RunContext
 
 MODULES = {"server": "paramserver", "worker": "worker", "evaluator": "evaluator"}
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ class LocalBackend(Backend):
         checkpoints = Path(ctx.run_dir) / "checkpoint"
         checkpoints.mkdir(exist_ok=True)
         if self.use_zygote:
-            from ..runtime.zygote import ZygoteClient
+            from emulator.runtime.zygote import ZygoteClient
 
             started = time.monotonic()
             address = f"@edge-emulator-zygote-{ctx.run_id}-{os.getpid()}"  # abstract: no path-length limit, no file

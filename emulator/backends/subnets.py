@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from .base import BackendUnavailable
+from emulator.backends.base import BackendUnavailable
 
 POOL = ipaddress.ip_network("198.18.0.0/15")
 SPARE = 8  # addresses kept free in every subnet: network, gateway, broadcast and some slack

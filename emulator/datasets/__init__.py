@@ -14,9 +14,9 @@ Debian's dataset packages put them) and the Keras cache (``$KERAS_HOME/datasets`
 ``~/.keras/datasets``); pointing both at an empty directory hides every system dataset (tests do).
 """
 
-from .partition import PARTITION_SCHEMES, partition
-from .shards import ShardSet, prepare_shards
-from .sources import (
+from emulator.datasets.partition import PARTITION_SCHEMES, partition
+from emulator.datasets.shards import ShardSet, prepare_shards
+from emulator.datasets.sources import (
     DATASETS, IDX_FILES, Dataset, DatasetFacts, DatasetUnavailable, best_available, data_root, facts, load, read_idx,
     resolve_size,
 )

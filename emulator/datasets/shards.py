@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .partition import partition
-from .sources import PathLike, load, resolve_size
+from emulator.datasets.partition import partition
+from emulator.datasets.sources import PathLike, load, resolve_size
 
 # Bump when the shard file layout changes, so old cache entries are not reused.
 SHARD_FORMAT_VERSION = 1

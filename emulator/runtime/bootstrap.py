@@ -9,8 +9,8 @@ import sys
 import traceback
 from typing import Callable
 
-from .protocol import ProtocolError
-from .telemetry import Telemetry
+from emulator.runtime.protocol import ProtocolError
+from emulator.runtime.telemetry import Telemetry
 
 CONFIG_ENV = "EMU_CONFIG"
 

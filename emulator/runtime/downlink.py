@@ -30,7 +30,7 @@ import compression
 from compression import delta
 from compression.layout import Layout
 
-from .protocol import Flag, ProtocolError
+from emulator.runtime.protocol import Flag, ProtocolError
 
 BASE = struct.Struct("<Q")  # the version a delta starts from
 WHOLE = 2**64 - 1  # base of a delta whose every tensor is whole: it applies to any copy

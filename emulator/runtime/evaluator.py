@@ -14,17 +14,17 @@ import time
 
 import numpy as np
 
-from . import protocol
-from .bootstrap import limit_threads, run_device
-from .data import load_shard
-from .protocol import Flag, MsgType
-from .transport import Channel, open_session
+from emulator.runtime import protocol
+from emulator.runtime.bootstrap import limit_threads, run_device
+from emulator.runtime.data import load_shard
+from emulator.runtime.protocol import Flag, MsgType
+from emulator.runtime.transport import Channel, open_session
 
 NEVER = 2**62
 
 
 def run(cfg: dict, tel) -> int:
-    from .models import TFModel, get
+    from emulator.runtime.models import TFModel, get
 
     threads = limit_threads(cfg.get("cpus", 1.0))
     x, y = load_shard(cfg["test_set"])

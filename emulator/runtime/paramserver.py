@@ -28,13 +28,13 @@ import numpy as np
 import compression
 from compression.layout import Layout
 
-from . import checkpoint, downlink, probe, protocol, rules
-from .bootstrap import load_config, start
-from .downlink import Holding
-from .models import initial_parameters
-from .protocol import Flag, MsgType, ProtocolError
-from .telemetry import Telemetry
-from .transport import Channel, TransportShaper, tune
+from emulator.runtime import checkpoint, downlink, probe, protocol, rules
+from emulator.runtime.bootstrap import load_config, start
+from emulator.runtime.downlink import Holding
+from emulator.runtime.models import initial_parameters
+from emulator.runtime.protocol import Flag, MsgType, ProtocolError
+from emulator.runtime.telemetry import Telemetry
+from emulator.runtime.transport import Channel, TransportShaper, tune
 
 MAX_WAIT_MS = 600_000
 DIVERGED_AFTER = 50  # non-finite (or overflowing) gradients in a row, no update applied between: training has diverged

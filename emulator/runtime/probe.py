@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from . import protocol
-from .protocol import MsgType
-from .transport import Channel, TransportShaper, connect
+from emulator.runtime import protocol
+from emulator.runtime.protocol import MsgType
+from emulator.runtime.transport import Channel, TransportShaper, connect
 
 CHUNK = 16 * 1024
 MODE_UP, MODE_DOWN, MODE_PING = 1, 2, 3

@@ -15,8 +15,8 @@ import threading
 import time
 from typing import Callable
 
-from . import protocol
-from .transport import connect
+from emulator.runtime import protocol
+from emulator.runtime.transport import connect
 
 FLUSH_S = 0.25
 MAX_PENDING = 200_000

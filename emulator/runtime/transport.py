@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 
-from . import protocol
+from emulator.runtime import protocol
 
 CHUNK = 16 * 1024
 

@@ -24,12 +24,12 @@ import numpy as np
 import compression
 from compression.layout import Layout
 
-from . import probe, protocol
-from .bootstrap import limit_threads, run_device
-from .data import BatchSampler, load_shard
-from .downlink import ModelCopy, PullConfig
-from .protocol import Flag, MsgType
-from .transport import Channel, TransportShaper, open_session
+from emulator.runtime import probe, protocol
+from emulator.runtime.bootstrap import limit_threads, run_device
+from emulator.runtime.data import BatchSampler, load_shard
+from emulator.runtime.downlink import ModelCopy, PullConfig
+from emulator.runtime.protocol import Flag, MsgType
+from emulator.runtime.transport import Channel, TransportShaper, open_session
 
 
 REPORT_BYTES = 200  # at most this much of a non-finite report's text travels
@@ -82,7 +82,7 @@ class StepStats:
 
 
 def run(cfg: dict, tel) -> int:
-    from .models import TFModel, get
+    from emulator.runtime.models import TFModel, get
 
     index = int(cfg["worker"])
     threads = limit_threads(cfg.get("cpus", 1.0))

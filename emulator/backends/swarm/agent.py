@@ -41,8 +41,8 @@ import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ...host import links, procstats
-from ...runtime import protocol
+from emulator.host import links, procstats
+from emulator.runtime import protocol
 
 MODULE = "emulator.backends.swarm.agent"  # what the agent's and the janitor's tasks run: python -m MODULE
 HOST_PROC = "/host/proc"

@@ -38,19 +38,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ...host import images, links
-from ...plan import DevicePlan, LinkPlan
-from ..base import Backend, BackendUnavailable, Endpoints, RunContext
-from ..docker import (CHECKPOINT_MOUNT, CPU_PERIOD_US, DATA_MOUNT, DEVICE_LABEL, DEVICE_UID, LABEL, MODULES, RUN_LABEL,
+from emulator.host import images, links
+from emulator.plan import DevicePlan, LinkPlan
+from emulator.backends.base import Backend, BackendUnavailable, Endpoints, RunContext
+from emulator.backends.docker import (CHECKPOINT_MOUNT, CPU_PERIOD_US, DATA_MOUNT, DEVICE_LABEL, DEVICE_UID, LABEL, MODULES, RUN_LABEL,
                       SERVER_PORT, START_THREADS, client)
-from ..subnets import free_subnet
-from . import agent as agent_wire
-from .cleanup import remove_swarm_labelled
-from .hub import AgentError, AgentHub
-from .images import distribute_images, ensure_agent_image, push_images
-from .manager import ALIVE_STATES, FAILED_STATES, ROLE_LABEL, is_manager
-from .options import SwarmOptions, placement_of
-from .relay import Relay, listen_in_netns
+from emulator.backends.subnets import free_subnet
+from emulator.backends.swarm import agent as agent_wire
+from emulator.backends.swarm.cleanup import remove_swarm_labelled
+from emulator.backends.swarm.hub import AgentError, AgentHub
+from emulator.backends.swarm.images import distribute_images, ensure_agent_image, push_images
+from emulator.backends.swarm.manager import ALIVE_STATES, FAILED_STATES, ROLE_LABEL, is_manager
+from emulator.backends.swarm.options import SwarmOptions, placement_of
+from emulator.backends.swarm.relay import Relay, listen_in_netns
 
 AGENT_PORT = 7101
 STOP_GRACE_NS = 3_000_000_000

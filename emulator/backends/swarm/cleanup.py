@@ -10,10 +10,10 @@ from __future__ import annotations
 import secrets
 import time
 
-from ..docker import LABEL, RUN_LABEL, client
-from . import agent as agent_wire
-from .manager import FAILED_STATES, ROLE_LABEL, is_manager
-from .options import SwarmOptions
+from emulator.backends.docker import LABEL, RUN_LABEL, client
+from emulator.backends.swarm import agent as agent_wire
+from emulator.backends.swarm.manager import FAILED_STATES, ROLE_LABEL, is_manager
+from emulator.backends.swarm.options import SwarmOptions
 
 
 def remove_swarm_labelled(run_id: str | None = None, docker_client=None, *, janitor: bool = True, say=lambda line: None) -> list[str]:

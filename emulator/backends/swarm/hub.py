@@ -8,8 +8,8 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ...host.peerserver import PeerServer
-from . import agent as agent_wire
+from emulator.host.peerserver import PeerServer
+from emulator.backends.swarm import agent as agent_wire
 
 CALL_TIMEOUT_S = 60.0
 

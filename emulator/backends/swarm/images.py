@@ -19,10 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from ...host import images
-from ..base import BackendUnavailable
-from . import agent as agent_wire
-from .options import SwarmOptions
+from emulator.host import images
+from emulator.backends.base import BackendUnavailable
+from emulator.backends.swarm import agent as agent_wire
+from emulator.backends.swarm.options import SwarmOptions
 
 AGENT_REPO = "edge-emulator/agent"
 AGENT_PACKAGES = ("pyroute2", "docker")  # pure-Python wheels the agent adds to the runtime image

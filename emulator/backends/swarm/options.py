@@ -11,10 +11,10 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..base import BackendUnavailable
+from emulator.backends.base import BackendUnavailable
 
 if TYPE_CHECKING:
-    from ...plan import DevicePlan
+    from emulator.plan import DevicePlan
 
 NODE_ROOT = "/var/lib/edge-emulator/swarm"  # on every node: <root>/<run>/<node id>/{data,checkpoint}
 

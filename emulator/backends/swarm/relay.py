@@ -8,8 +8,8 @@ import selectors
 import socket
 import threading
 
-from ...host import links
-from ..base import BackendUnavailable
+from emulator.host import links
+from emulator.backends.base import BackendUnavailable
 
 RELAY_BUFFER = 1 << 20
 
