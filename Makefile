@@ -54,7 +54,7 @@ test-fast: setup
 figures: setup
 	$(call need,docker dataset-fashion-mnist)
 	@$(ENGINE)
-	$(BIN)/python -m analysis.paper --profile $(FIGURES_PROFILE) --backend $(BACKEND) --out figures
+	$(BIN)/python -m emulator.experiments.paper --profile $(FIGURES_PROFILE) --backend $(BACKEND) --out figures
 
 bench: setup
 	$(call need,docker dataset-fashion-mnist)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from emulator.units import format_bytes
+from emulator.planning.units import format_bytes
 
 from analysis import figures
 from analysis.runs import (

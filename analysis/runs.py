@@ -4,7 +4,7 @@ Every loader takes a run directory and returns a DataFrame with the stream's usu
 (present even when the stream is missing or empty, so callers never test for columns), plus
 ``time_s``: seconds since training started (``ts - training_started_ts``; negative during
 boot). A run killed halfway is readable: missing streams give empty tables, a cut-off last
-line is skipped by :func:`emulator.rundir.read_jsonl` with a warning, and a missing
+line is skipped by :func:`emulator.control.rundir.read_jsonl` with a warning, and a missing
 ``summary.json`` is rebuilt from the streams by :func:`summary_row`.
 
 A *collection* is many runs: a sweep directory (its ``sweep.json`` lists them with their grid
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from emulator.rundir import read_jsonl
+from emulator.control.rundir import read_jsonl
 
 #: Columns each stream's table always has (besides ``ts`` and ``time_s``).
 COLUMNS: dict[str, tuple[str, ...]] = {
@@ -334,7 +334,7 @@ def summary_row(run: Run) -> dict:
     return {
         "run_id": run.run_id,
         "status": s.get("status", "incomplete"),
-        "outcome": s.get("outcome") or ("diverged" if s.get("diverged") else None),  # emulator.summary
+        "outcome": s.get("outcome") or ("diverged" if s.get("diverged") else None),  # emulator.control.summary
         "method": run.method,
         "workers": s.get("workers", len(plan.get("workers", [])) or None),
         "final_accuracy": _number(s.get("final_accuracy", None if last is None else float(last["accuracy"]))),

@@ -129,8 +129,8 @@ def aggregate(table: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str] =
 
 
 def flagged(runs: pd.DataFrame) -> str:
-    """How many of ``runs`` diverged or ended dead (``emulator.summary``'s outcome): ``"1 diverged, 2 dead"``."""
-    from emulator.summary import FLAGGED
+    """How many of ``runs`` diverged or ended dead (``emulator.control.summary``'s outcome): ``"1 diverged, 2 dead"``."""
+    from emulator.control.summary import FLAGGED
 
     outcomes = runs["outcome"].tolist() if "outcome" in runs else []
     return ", ".join(f"{outcomes.count(o)} {o}" for o in FLAGGED if o in outcomes)
@@ -146,7 +146,7 @@ def plotted_keys(grid: dict[str, list]) -> list[str]:
 
 
 def _cell(metric: str, mean: float, half: float) -> str:
-    from emulator.units import format_bytes
+    from emulator.planning.units import format_bytes
 
     if mean is None or math.isnan(mean):
         return "-"

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from emulator.rundir import new_run_id
-from emulator.run import run_scenario
+from emulator.control.rundir import new_run_id
+from emulator.control.run import run_scenario
 
 
 def measure(fn: Callable[[], object], *, repeat: int = 50, warmup: int = 3, min_time_s: float = 0.0) -> dict:

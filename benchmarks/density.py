@@ -89,8 +89,8 @@ def _bare_start(docker, image: str, n: int, threads: int) -> float:
 
 def start_times(path: Path, summary: dict) -> dict:
     """Start and boot times of a run, from its events (seconds since devices began starting)."""
-    from emulator.runstate import READY_EVENTS
-    from emulator.rundir import read_jsonl
+    from emulator.control.runstate import READY_EVENTS
+    from emulator.control.rundir import read_jsonl
 
     events = read_jsonl(path / "events.jsonl")
     started = next(e for e in events if e.get("kind") == "devices_started")
@@ -107,7 +107,7 @@ def start_times(path: Path, summary: dict) -> dict:
 
 def memory(path: Path, summary: dict) -> dict:
     """Median PSS/RSS per device during training; the total is the median of per-sample sums."""
-    from emulator.rundir import read_jsonl
+    from emulator.control.rundir import read_jsonl
 
     start = summary.get("training_started_ts") or 0.0
     rows = [r for r in read_jsonl(path / "stats.jsonl") if r.get("pss_bytes")]
@@ -150,7 +150,7 @@ def _run(name: str, workers: int, cpus: float, duration_s: float, image: str, tm
 
 def many_workers(image: str, tmp: str, data: dict) -> dict:
     """64 workers at once: did every one connect and get at least one update applied?"""
-    from emulator.rundir import read_jsonl
+    from emulator.control.rundir import read_jsonl
 
     summary, path, error = _run("bench-density-64", MANY, MANY_CPUS, MANY_DURATION_S, image, tmp, data)
     out: dict = {"workers": MANY, "cpus": MANY_CPUS, "duration_s": MANY_DURATION_S, "error": error}

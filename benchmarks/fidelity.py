@@ -2,7 +2,7 @@
 
 A 16-worker run (8 in quick mode) with two kinds of link (4 mbit up / 16 mbit down / 20 ms,
 and 8 / 32 mbit / 40 ms) and 0.1 CPUs per worker, on the first of Fashion-MNIST, MNIST, mnist-5k that is here. The numbers are the controller's own
-fidelity.json (emulator/fidelity.py): rates shaped by tc are compared as TCP goodput (the line
+fidelity.json (emulator/control/fidelity.py): rates shaped by tc are compared as TCP goodput (the line
 rate times 1448/1514), the RTT against twice the configured delay, the CPU quota as the
 backend reads it back, the CPU share as a worker measures it under its quota.
 """

@@ -8,7 +8,7 @@ is the first sample after every worker holds its first model, "middle" and "end"
 The server's RSS and PSS are sampled every second from /proc.
 
 ``python -m benchmarks.load [--seconds 300] [--pushers 64] [--json FILE]``; the test suite runs
-a bounded version (tests/test_load.py).
+a bounded version (tests/runtime/test_load.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A real parameter-server process on loopback, and synthetic workers that push at it.
 
 :class:`ServerProcess` starts ``python -m emulator.runtime.paramserver`` as a run does, its
-telemetry going to a real :class:`~emulator.collector.Collector` (and run directory) in this
+telemetry going to a real :class:`~emulator.control.collector.Collector` (and run directory) in this
 process. :func:`pusher` is one synthetic worker, a process of its own: HELLO, pull, then push
 pre-encoded updates (one, or a pool it cycles through) and wait for the model in reply, as a
 worker does, until its time is up. With ``pull`` it asks for delta pulls in its HELLO; it counts
@@ -36,8 +36,8 @@ class ServerProcess:
 
     def __enter__(self) -> "ServerProcess":
         from emulator.backends.local import free_port
-        from emulator.collector import Collector
-        from emulator.rundir import RunDirectory
+        from emulator.control.collector import Collector
+        from emulator.control.rundir import RunDirectory
 
         self._tmp = tempfile.TemporaryDirectory()
         self.rundir = RunDirectory(Path(self._tmp.name) / "run")

@@ -21,17 +21,18 @@ from pathlib import Path
 
 import click
 
-from emulator import backends, cleanup  # used as backends.choose, cleanup.clean_all, checks.diagnose: the seams tests replace
-from emulator import doctor as checks
+from emulator import backends
+from emulator.control import cleanup  # used as backends.choose, cleanup.clean_all, checks.diagnose: the seams tests replace
+from emulator.control import doctor as checks
 from emulator.backends import BackendUnavailable
 from emulator.backends.swarm import push_images
 from emulator.host import images as image_lib
-from emulator.plan import check_dataset, make_plan
-from emulator.rundir import RunIdError, check_run_id
-from emulator.run import RunFailed, run_scenario
-from emulator.scenario import ScenarioError, json_schema, load_scenario
-from emulator.sweep import Sweep, SweepError, default_directory, run_sweep
-from emulator.units import format_bytes, format_rate
+from emulator.planning.plan import check_dataset, make_plan
+from emulator.control.rundir import RunIdError, check_run_id
+from emulator.control.run import RunFailed, run_scenario
+from emulator.planning.scenario import ScenarioError, json_schema, load_scenario
+from emulator.experiments.sweep import Sweep, SweepError, default_directory, run_sweep
+from emulator.planning.units import format_bytes, format_rate
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -229,7 +230,7 @@ def render_plan(p) -> str:
 def compare(scenario_file, methods, backend, overrides, out_root, directory, repeat, target_accuracy, no_fidelity, quiet):
     """Run one scenario once per method and repetition (each repetition one seed for every method):
     one table with intervals, paired differences, one figure."""
-    from emulator.compare import compare as run_compare  # here: it brings pandas, which the other commands do without
+    from emulator.experiments.compare import compare as run_compare  # here: it brings pandas, which the other commands do without
 
     _load(scenario_file, overrides)  # refuse a bad scenario before anything runs
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from emulator.run import run_scenario as run
+from emulator.control.run import run_scenario as run
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -24,7 +24,7 @@ def run_scenario(path, out_root, *, backend: str = "local", overrides=(), check_
 
 
 def read_jsonl(path) -> list[dict]:
-    from emulator.rundir import read_jsonl as _read
+    from emulator.control.rundir import read_jsonl as _read
 
     return _read(path)
 

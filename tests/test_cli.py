@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from emulator.cli import main
-from emulator.plan import make_plan
-from emulator.scenario import load_scenario
+from emulator.planning.plan import make_plan
+from emulator.planning.scenario import load_scenario
 
 HERE = Path(__file__).parent
 FULL = HERE / "scenarios" / "full.yaml"
@@ -178,13 +178,13 @@ def test_planning_imports_no_heavy_dependencies():
 def nothing_runs(monkeypatch):
     """Fails the test if a command gets past its input checks to choosing a backend or running."""
     import emulator.backends
-    import emulator.controller
+    import emulator.control.controller
 
     def refuse(*args, **kwargs):
         raise AssertionError("the command went past its input checks")
 
     monkeypatch.setattr(emulator.backends, "choose", refuse)
-    monkeypatch.setattr(emulator.controller, "Emulation", refuse)
+    monkeypatch.setattr(emulator.control.controller, "Emulation", refuse)
 
 
 def error_line(result) -> str:
@@ -227,7 +227,7 @@ def test_run_refuses_a_run_id_that_exists(tmp_path, nothing_runs, what):
 
 
 def test_run_directory_is_made_exclusively(tmp_path):
-    from emulator.rundir import RunDirectory, RunIdError
+    from emulator.control.rundir import RunDirectory, RunIdError
 
     first = RunDirectory.create(tmp_path, "t", "one")
     assert first.path == (tmp_path / "one").absolute() and (first.path / "logs").is_dir()
@@ -238,12 +238,12 @@ def test_run_directory_is_made_exclusively(tmp_path):
 
 
 def test_clean_refuses_a_run_id_that_leaves_its_cgroup(monkeypatch):
-    import emulator.cleanup
+    import emulator.control.cleanup
 
     def refuse(*args, **kwargs):
         raise AssertionError("clean_all was called with an invalid run id")
 
-    monkeypatch.setattr(emulator.cleanup, "clean_all", refuse)
+    monkeypatch.setattr(emulator.control.cleanup, "clean_all", refuse)
     for run_id in ("..", "../x", "/", ""):
         assert error_line(invoke("clean", "--run", run_id)).startswith(f"error: --run: invalid run id {run_id!r}")
 
@@ -256,11 +256,11 @@ def test_clean_refuses_a_run_id_that_leaves_its_cgroup(monkeypatch):
 def test_an_unusable_backend_is_bad_input(tmp_path, monkeypatch, command):
     """Every command that runs refuses a backend this machine lacks, before anything runs (a swarm
     that is not there, stood in for by its availability check: no Docker needed)."""
-    import emulator.controller
+    import emulator.control.controller
     from emulator.backends.swarm import SwarmBackend
 
     monkeypatch.setattr(SwarmBackend, "available", classmethod(lambda cls: (False, "this Docker daemon is not in a swarm")))
-    monkeypatch.setattr(emulator.controller, "Emulation", None)  # anything that would run fails loudly
+    monkeypatch.setattr(emulator.control.controller, "Emulation", None)  # anything that would run fails loudly
     out = ["--out", str(tmp_path / "out")]
     line = error_line(invoke(*command, *out))
     assert line == "error: backend 'swarm' is not usable here: this Docker daemon is not in a swarm"
@@ -335,11 +335,11 @@ def test_help_documents_the_exit_codes():
 
 
 def test_doctor_shows_every_line_of_a_detail(monkeypatch):
-    import emulator.doctor
+    import emulator.control.doctor
 
     rows = [("python", "info", "3.11"),
             ("dataset mnist", "warn", "not available here; tried, in order:\n  - a place: no such file\nTo get it: install it")]
-    monkeypatch.setattr(emulator.doctor, "diagnose", lambda: rows)
+    monkeypatch.setattr(emulator.control.doctor, "diagnose", lambda: rows)
     result = invoke("doctor")
     assert result.exit_code == 0
     assert result.output.splitlines() == [
@@ -351,7 +351,8 @@ def test_doctor_shows_every_line_of_a_detail(monkeypatch):
 
 
 def test_doctor_keeps_the_whole_data_set_message(monkeypatch):
-    from emulator import datasets, doctor
+    from emulator import datasets
+    from emulator.control import doctor
 
     message = "dataset 'mnist' is not available here; tried, in order:\n  - somewhere: no such file\nTo get it: this"
 
@@ -428,7 +429,7 @@ def test_every_schema_default_loads_back():
     """Each default the schema states, written into a scenario, loads and means what leaving it
     out means. A default is tried in each base that holds what it needs and does not set it
     already; every default is tried at least once."""
-    from emulator.scenario import validate
+    from emulator.planning.scenario import validate
 
     schema = json.loads(invoke("schema").output)
     found = list(schema_defaults(schema, schema))

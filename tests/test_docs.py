@@ -34,8 +34,8 @@ import yaml
 from click.testing import CliRunner
 
 from emulator.cli import main
-from emulator.plan import make_plan
-from emulator.scenario import load_scenario
+from emulator.planning.plan import make_plan
+from emulator.planning.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -191,7 +191,7 @@ class _Data:
     def check(self, path, overrides=()) -> None:
         """Load, plan, and check the data set's sizes when it is here."""
         from emulator import datasets
-        from emulator.plan import check_dataset
+        from emulator.planning.plan import check_dataset
 
         scenario, _ = load_scenario(path, list(overrides))
         make_plan(scenario)
@@ -232,7 +232,7 @@ def _check_schema(args, params, scenario, overrides, data) -> None:
 
 
 def _check_run(args, params, scenario, overrides, data) -> None:
-    from emulator.rundir import check_run_id
+    from emulator.control.rundir import check_run_id
 
     if params["run_id"] is not None:
         check_run_id(params["run_id"])
@@ -240,14 +240,14 @@ def _check_run(args, params, scenario, overrides, data) -> None:
 
 
 def _check_compare(args, params, scenario, overrides, data) -> None:
-    from emulator.compare import _parse_all
+    from emulator.experiments.compare import _parse_all
 
     for spec in _parse_all(list(params["methods"]), overrides):
         data.check(scenario, [*overrides, *spec.overrides])
 
 
 def _check_sweep(args, params, scenario, overrides, data) -> None:
-    from emulator.sweep import Sweep
+    from emulator.experiments.sweep import Sweep
 
     sweep = Sweep.from_options(scenario, params["grid"], repeat=params["repeat"], overrides=tuple(overrides))
     for assignments in sweep.points():

@@ -19,9 +19,9 @@ import pytest
 from pydantic import BaseModel
 
 from compression import COMPRESSORS
-from emulator.methods import PRESETS
+from emulator.planning.methods import PRESETS
 from emulator.runtime.rules import RULES
-from emulator.scenario import MethodSpec
+from emulator.planning.scenario import MethodSpec
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 NONE = "-"

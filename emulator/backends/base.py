@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:  # annotations only: the Swarm node agent imports this package without the controller's dependencies
-    from emulator.plan import DevicePlan, LinkPlan
+    from emulator.planning.plan import DevicePlan, LinkPlan
 
 LINK_PROPERTIES = ("uplink", "downlink", "delay", "jitter", "loss")
 

@@ -20,12 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from emulator.host import links, procstats
-from emulator.plan import DevicePlan, LinkPlan
+from emulator.planning.plan import DevicePlan, LinkPlan
 from emulator.backends.base import Backend, Endpoints, RunContext
 from emulator.backends.subnets import free_subnet
 
 LABEL = "edge-emulator"
-RUN_LABEL = "edge-emulator.run"
+RUN_LABEL = "edge-emulator.control.run"
 DEVICE_LABEL = "edge-emulator.device"
 SERVER_PORT = 7000
 DATA_MOUNT = "/data"

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from emulator.host import cgroups, procstats
-from emulator.plan import DevicePlan, LinkPlan
+from emulator.planning.plan import DevicePlan, LinkPlan
 from emulator.backends.base import Backend, Endpoints, RunContext
 
 MODULES = {"server": "paramserver", "worker": "worker", "evaluator": "evaluator"}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the swarm agent imports this module without the controller's dependencies
-    from emulator.plan import LinkPlan
+    from emulator.planning.plan import LinkPlan
 
 HTB_ROOT = 0x10000
 HTB_CLASS = 0x10010

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from emulator.host import images, links
-from emulator.plan import DevicePlan, LinkPlan
+from emulator.planning.plan import DevicePlan, LinkPlan
 from emulator.backends.base import Backend, BackendUnavailable, Endpoints, RunContext
 from emulator.backends.docker import (CHECKPOINT_MOUNT, CPU_PERIOD_US, DATA_MOUNT, DEVICE_LABEL, DEVICE_UID, LABEL, MODULES, RUN_LABEL,
                       SERVER_PORT, START_THREADS, client)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from emulator.backends.base import BackendUnavailable
 
 if TYPE_CHECKING:
-    from emulator.plan import DevicePlan
+    from emulator.planning.plan import DevicePlan
 
 NODE_ROOT = "/var/lib/edge-emulator/swarm"  # on every node: <root>/<run>/<node id>/{data,checkpoint}
 

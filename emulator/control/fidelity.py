@@ -1,0 +1,93 @@
+"""Configured against measured: is the emulation doing what the plan says?
+
+The controller collects, before training, each worker's measured uplink and downlink rate,
+round-trip time and CPU share (:mod:`emulator.runtime.probe`) and the CPU quota the backend
+reads back for every device. :func:`compare` puts them beside the plan and flags every
+property off by more than its tolerance; the run writes the result to ``fidelity.json``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from emulator.planning.plan import DevicePlan, Plan
+
+RTT_FLOOR_S = 0.005  # absolute slack on round-trip times (scheduling, Python)
+# tc shapes whole frames (Ethernet + IP + TCP headers); a probe measures TCP payload. With a
+# 1500-byte MTU and TCP timestamps a full segment carries 1448 payload bytes in 1514 on the wire.
+TCP_GOODPUT = 1448 / 1514
+
+
+def _expected_rate(*rates: float | None) -> float | None:
+    shaped = [r for r in rates if r]
+    return min(shaped) if shaped else None
+
+
+def _check(configured: float | None, measured: float | None, tolerance: float, floor: float = 0.0) -> dict:
+    row = {"configured": configured, "measured": measured}
+    if configured is None or measured is None or (isinstance(measured, float) and math.isnan(measured)):
+        row["ok"] = None  # nothing to compare (unshaped, or not measured)
+        return row
+    error = measured - configured
+    row["error"] = error
+    row["relative_error"] = error / configured if configured else None
+    row["ok"] = abs(error) <= max(floor, tolerance * abs(configured))
+    return row
+
+
+def _goodput(rate: float | None, mechanism: str) -> float | None:
+    """The payload rate a link shaped at ``rate`` by ``mechanism`` should deliver."""
+    if rate is None:
+        return None
+    return rate * TCP_GOODPUT if mechanism.startswith("tc-") else rate
+
+
+def compare(plan: Plan, measured: dict[str, dict], quotas: dict[str, float | None], tolerance: float = 0.10,
+            mechanisms: dict[str, dict[str, str]] | None = None) -> dict:
+    """The fidelity report: per device and property, configured, measured, error, ok.
+
+    Rates shaped by tc are compared as TCP goodput (see ``TCP_GOODPUT``); the configured line
+    rate is kept beside it in the row."""
+    server = plan.server.link
+    mechanisms = mechanisms or {}
+    devices = {}
+    for device in plan.devices:
+        checks: dict[str, dict] = {}
+        quota = quotas.get(device.name)
+        checks["cpu_quota"] = _check(device.cpus, quota, 0.01)
+        probe = measured.get(device.name)
+        if probe is not None:
+            link = device.link
+            mech = mechanisms.get(device.name, {})
+            for prop, own, other in (("uplink", link.uplink_bps, server.downlink_bps), ("downlink", link.downlink_bps, server.uplink_bps)):
+                line_rate = _expected_rate(own, other)
+                row = _check(_goodput(line_rate, mech.get(prop, "")), probe.get(f"{prop}_bps"), tolerance)
+                row["line_rate"] = line_rate
+                checks[f"{prop}_bps"] = row
+            checks["rtt_s"] = _check(2 * (link.delay_s + server.delay_s), probe.get("rtt_s"), tolerance, RTT_FLOOR_S)
+            if "cpu_share" in probe:
+                checks["cpu_share"] = _check(min(device.cpus, 1.0), probe["cpu_share"], tolerance)
+        devices[device.name] = checks
+    failures = [f"{name}.{prop}" for name, checks in devices.items() for prop, row in checks.items() if row.get("ok") is False]
+    return {"tolerance": tolerance, "rtt_floor_s": RTT_FLOOR_S, "devices": devices, "failures": failures, "ok": not failures}
+
+
+def describe(report: dict) -> list[str]:
+    """One line per failed check, for the console."""
+    lines = []
+    for name, checks in report["devices"].items():
+        for prop, row in checks.items():
+            if row.get("ok") is False:
+                rel = row.get("relative_error")
+                rel_text = f" ({rel:+.1%})" if rel is not None else ""
+                lines.append(f"{name}.{prop}: configured {row['configured']:.4g}, measured {row['measured']:.4g}{rel_text}")
+    return lines
+
+
+def probe_request(device: DevicePlan, server: DevicePlan, cpu_seconds: float) -> dict:
+    """The probe command for one worker: transfer sizes of about two seconds at the expected rates."""
+    from emulator.runtime.probe import probe_sizes
+
+    up = _expected_rate(device.link.uplink_bps, server.link.downlink_bps)
+    down = _expected_rate(device.link.downlink_bps, server.link.uplink_bps)
+    return {"cmd": "probe", "up_bytes": probe_sizes(up), "down_bytes": probe_sizes(down), "cpu_s": cpu_seconds}

@@ -1,0 +1,560 @@
+"""Compare training methods apples to apples: one scenario, the same seeds, the same data partitions.
+
+:func:`compare` runs the same scenario once per method spec and repetition, one run after the
+other, through the same library calls as ``emulate run`` (the plan, and so the devices, the
+data shards and the fault times, depend on the seed only, never on the method). Repetition ``r``
+runs every method with the seed :func:`emulator.experiments.sweep.repetition_seed` gives it, as a sweep
+does (``r = 0``: the scenario's own seed, so one repetition is the plain comparison), so the
+methods are compared pair by pair on the same draws. It writes, under
+``<out_root>/compare-<scenario name>-<timestamp>/`` (or the directory it is given, where a
+rerun reuses the runs that completed):
+
+- one run directory per method and repetition (``01-adacomp``, ``02-qsgd_s-4``, ...; with
+  repetitions ``01-adacomp-r0``, ``01-adacomp-r1``, ...), complete as ``emulate run`` leaves it;
+- ``compare.json``: ``methods``, one record per run (``repeat``, ``seed``, its accuracy-versus-bytes
+  curve, ...); ``aggregate``, per method the mean and Student-t 95% interval of every numeric
+  column; ``pairs``, per pair of methods the paired difference of final accuracy and of time
+  to target with its interval and a verdict ("A better", "B better", "can't tell");
+- ``compare.md``: one table (see :data:`COLUMNS`), of means and intervals with repetitions,
+  then the paired differences;
+- ``accuracy_vs_ingress.png``: test accuracy against the cumulative bytes of the updates the
+  server applied, log x axis: one line per method, or its mean and shaded interval.
+
+Method specs, a mini-syntax for the command line::
+
+    NAME[:KEY=VALUE]...        adacomp   dgc   qsgd:s=4   topk:c=0.001:error_feedback=true
+                               topk:c=0.01:rule=staleness:wire.values=f16
+
+``NAME`` is a preset or a compressor, as ``method.name`` in a scenario; each ``KEY=VALUE`` is
+``--set method.KEY=VALUE`` (the value read as YAML, dotted keys reach into ``wire``; ``:`` only
+separates). A spec replaces the scenario's whole ``method`` section, so whatever it does not
+give takes its default. Every spec is validated with the scenario, before anything runs, and
+errors name the field (``method.s: ...``).
+
+Measures, per method (from the run's own traces, never from a formula):
+
+- bytes per update: mean ``bytes`` of the updates the server applied (``updates.jsonl``);
+  the ratio to dense divides the dense method's by it (the method of the first dense run that
+  neither diverged nor died, e.g. ``asgd``; its mean over such runs), so runs that applied
+  different numbers of updates still compare;
+- down and two-way bytes per update: what the server sent workers (models, deltas, ACKs) per
+  applied update, and that plus what it received (``summary.json``'s ``down_bytes_per_update``
+  and ``two_way_bytes_per_update``; "-" for runs from before they were counted);
+- time to target: training seconds (from the server's ``training_started`` event) until the
+  first evaluation at or above the target accuracy (default: 90% of the best method's mean
+  final accuracy; one target for every run), and the model version it evaluated;
+- compress / compute: mean compression time over mean gradient time on the workers
+  (``steps.jsonl``, weighted by steps): the worker's compute overhead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from analysis.sweep import CONFIDENCE, mean_ci  # the project's one Student-t interval: sweep tables use it too
+
+from emulator import backends  # backends.choose, the seam tests replace
+from emulator.planning.plan import Plan, make_plan
+from emulator.control.rundir import completed_summary, read_jsonl, set_aside, write_json_atomic
+from emulator.control.run import RunFailed, run_scenario
+from emulator.planning.scenario import Problem, Scenario, ScenarioError, load_scenario
+from emulator.control.summary import FLAGGED, flag
+from emulator.experiments.sweep import SEED_STRIDE, repetition_seed
+
+DEFAULT_TARGET_FRACTION = 0.9
+FIGURE = "accuracy_vs_ingress.png"
+COLUMNS = ("method", "final accuracy", "updates", "ingress payload (B)", "bytes / update", "vs dense",
+           "down B / update", "two-way B / update",
+           "time to target (s)", "compress / compute")
+AGGREGATED = ("final_accuracy", "updates", "ingress_payload_bytes", "bytes_per_update", "ratio_to_dense",
+              "down_bytes_per_update", "two_way_bytes_per_update",
+              "time_to_target", "compress_overhead")  # the numeric columns of COLUMNS, as row keys
+CANT_TELL = "can't tell"
+SEED_RULE = f"seed_r = (seed + r * {SEED_STRIDE}) mod 2**32, r = 0 the scenario's seed"  # emulator.experiments.sweep's rule
+RUN_SECTIONS = ("training", "dataset", "server", "evaluator", "workers", "faults")  # scenario keys a method spec may set
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method of a comparison: the spec as written and the overrides it stands for."""
+
+    label: str
+    overrides: tuple[str, ...]
+
+    @property
+    def slug(self) -> str:
+        """The label as a run-directory name: ``qsgd:s=4`` -> ``qsgd_s-4``."""
+        return re.sub(r"[^A-Za-z0-9_.-]", "-", self.label.replace(":", "_"))
+
+
+def parse_method_spec(text: str) -> MethodSpec:
+    """``NAME[:KEY=VALUE]...`` -> the ``--set`` overrides that make the scenario's method that one.
+
+    A key is a method parameter (``qsgd:s=4``, ``topk:wire.values=f16``), unless it starts with
+    another section of the scenario: then it is set for this method's run only
+    (``asgd:training.learning_rate=0.05``: each method at its own step size)."""
+    name, *pairs = text.strip().split(":")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ScenarioError([Problem("method", f"{text!r}: expected NAME[:KEY=VALUE]..., e.g. qsgd:s=4")])
+    overrides = [f"method={json.dumps({'name': name})}"]
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not _KEY.match(key.strip()):
+            raise ScenarioError([Problem("method", f"{text!r}: {pair!r} is not KEY=VALUE")])
+        if key.strip() == "name":
+            raise ScenarioError([Problem("method", f"{text!r}: the name goes first, not as name=")])
+        key = key.strip()
+        section = re.split(r"[.\[]", key, maxsplit=1)[0]
+        overrides.append(f"{key}={value}" if section in RUN_SECTIONS and key != section else f"method.{key}={value}")
+    return MethodSpec(text.strip(), tuple(overrides))
+
+
+def compare(scenario_path, methods: list[str], out_root, *, backend: str = "local", overrides=(),
+            say: Callable[[str], None] = print, target_accuracy: float | None = None,
+            check_fidelity: bool = True, repeat: int = 1, directory=None) -> Path:
+    """Run ``scenario_path`` once per method spec and repetition; returns the comparison's directory.
+
+    Repetition ``r`` runs every method with the same seed, :func:`emulator.experiments.sweep.repetition_seed`
+    (``r = 0``: the scenario's own seed, so ``repeat=1`` is the single comparison), repetitions
+    outside and methods inside, so that an interrupted comparison holds whole pairs.
+    ``overrides`` (``--set``) apply to every run and may not touch ``method``. ``directory``: the
+    comparison's directory (default: a new one under ``out_root``); a rerun into it reuses each
+    run that completed with the same plan and reruns the others (an unfinished attempt is moved
+    to ``.attempts/``). A run that fails is a row with its status; Ctrl-C stops after the current
+    run's teardown, writes the report for the runs done, and raises ``KeyboardInterrupt``.
+    """
+    specs = _parse_all(methods, overrides)
+    if repeat < 1:
+        raise ScenarioError([Problem("--repeat", f"must be >= 1, got {repeat}")])
+    planned = _plan_runs(scenario_path, specs, overrides, repeat)  # every run checked first
+    name, seed = planned[0].scenario.name, planned[0].scenario.seed
+    out = Path(directory) if directory is not None else None
+    stale = [f"{out / r.run_id} holds a completed run of another plan: the scenario changed; use another directory"
+             for r in planned if out is not None and (completed_summary(out / r.run_id) or {}).get("plan_digest") not in (None, r.plan_digest)]
+    if stale:
+        raise ScenarioError([Problem("--dir", text) for text in stale])
+    backend_cls = backends.choose(backend, say=say)
+    if out is None:
+        out = _new_directory(Path(out_root), f"compare-{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+    text = Path(scenario_path).read_text()
+    seeds = [repetition_seed(seed, r) for r in range(repeat)]
+    say(f"comparing {len(specs)} methods on {name} ("
+        + (f"seed {seed}" if repeat == 1 else f"{repeat} paired repetitions, seeds {', '.join(map(str, seeds))}")
+        + f", backend {backend_cls.name}): {out}")
+    done, interrupted = [], False
+    for i, run in enumerate(planned, start=1):
+        where = f"[{i}/{len(planned)}] {run.spec.label}" + (f", repetition {run.repeat} (seed {run.seed})" if repeat > 1 else "")
+        done.append(run)
+        if completed_summary(out / run.run_id) is not None:
+            say(f"{where}: done before, reused")
+            continue
+        set_aside(out, run.run_id)
+        say(where)
+        try:
+            summary = run_scenario(run.scenario, out, overrides=run.overrides, backend=backend_cls.name, run_id=run.run_id,
+                                   text=text, check_fidelity=check_fidelity, say=say)
+        except RunFailed as exc:  # a failed run is a row of the table (summary.json says why)
+            say(f"{run.spec.label}: run failed: {exc}")
+            continue
+        if summary.status == "interrupted":
+            interrupted = True
+            break
+    rows = [{**summarize_run(out / run.run_id, run.spec.label), "repeat": run.repeat, "seed": run.seed} for run in done]
+    write_report(out, rows, target_accuracy, meta={"scenario": str(scenario_path), "name": name, "seed": seed,
+                                                   "backend": backend_cls.name, "overrides": list(overrides),
+                                                   "repeat": repeat, "seeds": seeds, "seed_rule": SEED_RULE})
+    say(f"comparison written: {out / 'compare.md'}")
+    if interrupted:
+        raise KeyboardInterrupt
+    return out
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One method x repetition of a comparison, validated and planned."""
+
+    spec: MethodSpec
+    run_id: str  # 01-adacomp; with repetitions 01-adacomp-r0, 01-adacomp-r1, ...
+    repeat: int
+    seed: int
+    overrides: tuple[str, ...]  # every --set of the run: the comparison's, the method's, then the seed
+    scenario: Scenario
+    plan: Plan
+
+    @property
+    def plan_digest(self) -> str:
+        return self.plan.digest()
+
+
+def _plan_runs(scenario_path, specs: list[MethodSpec], overrides, repeat: int) -> list[PlannedRun]:
+    """Every run of the comparison, repetitions outside and methods inside; ScenarioError on the first bad one."""
+    planned = []
+    for r in range(repeat):
+        for i, spec in enumerate(specs, start=1):
+            sets = [*overrides, *spec.overrides]
+            scenario = load_scenario(scenario_path, sets)[0]
+            if r:  # a method spec cannot set the seed: every method draws the same one
+                sets.append(f"seed={repetition_seed(scenario.seed, r)}")
+                scenario = load_scenario(scenario_path, sets)[0]
+            run_id = f"{i:02d}-{spec.slug}" + (f"-r{r}" if repeat > 1 else "")
+            planned.append(PlannedRun(spec, run_id, r, scenario.seed, tuple(sets), scenario, make_plan(scenario)))
+    return planned
+
+
+def _parse_all(methods: list[str], overrides) -> list[MethodSpec]:
+    if not methods:
+        raise ScenarioError([Problem("method", "give at least one method spec")])
+    touching = [o for o in overrides if re.match(r"\s*method\b", o)]
+    if touching:
+        raise ScenarioError([Problem("--set", f"{touching[0]!r}: set method parameters in the method specs (qsgd:s=4)")])
+    specs = [parse_method_spec(m) for m in methods]
+    labels = [s.label for s in specs]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ScenarioError([Problem("method", f"{repeated[0]!r} given twice")])
+    return specs
+
+
+def _new_directory(root: Path, name: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / name
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            path = root / f"{name}-{secrets.token_hex(2)}"
+
+
+# ---------------------------------------------------------------------------------------
+# Measures from one run directory
+
+
+def summarize_run(run_dir: Path, label: str) -> dict:
+    """One row of the comparison, from the run's ``summary.json`` and its traces."""
+    run_dir = Path(run_dir)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"status": "missing"}
+    updates = read_jsonl(run_dir / "updates.jsonl")
+    sizes = [u["bytes"] for u in updates]
+    return {
+        "method": label, "run_id": run_dir.name, "status": summary.get("status"), "diverged": bool(summary.get("diverged")),
+        "outcome": summary.get("outcome"),
+        "compressor": summary.get("compressor"), "rule": summary.get("rule"),
+        "final_accuracy": summary.get("final_accuracy"), "updates": summary.get("updates_applied", len(updates)),
+        "ingress_payload_bytes": summary.get("ingress_payload_bytes"),
+        "bytes_per_update": float(np.mean(sizes)) if sizes else None,
+        "down_bytes_per_update": summary.get("down_bytes_per_update"),
+        "two_way_bytes_per_update": summary.get("two_way_bytes_per_update"),
+        "compress_overhead": compress_overhead(read_jsonl(run_dir / "steps.jsonl")),
+        "curve": accuracy_curve(updates, read_jsonl(run_dir / "accuracy.jsonl"), training_start(run_dir, summary)),
+    }
+
+
+def training_start(run_dir: Path, summary: dict) -> float | None:
+    """Trace-clock time at which training started: the server's ``training_started`` event (it
+    opens training), else the controller's ``training_started_ts`` (which it notes on its next
+    poll, late by up to a poll interval)."""
+    for event in read_jsonl(Path(run_dir) / "events.jsonl"):
+        if event.get("kind") == "training_started" and event.get("source") == "server":
+            return event["ts"]
+    return summary.get("training_started_ts")
+
+
+def accuracy_curve(updates: list[dict], accuracy: list[dict], training_started_ts: float | None) -> list[dict]:
+    """Per evaluation: model version, cumulative applied-update bytes at that version, accuracy, training time."""
+    order = sorted(updates, key=lambda u: u["t"])
+    versions = np.array([u["t"] for u in order], np.int64)
+    cumulative = np.concatenate([[0], np.cumsum([u["bytes"] for u in order], dtype=np.int64)])
+    curve = []
+    for record in sorted(accuracy, key=lambda r: (r["version"], r.get("ts", 0))):
+        if record.get("accuracy") is None:
+            continue
+        seen = int(np.searchsorted(versions, record["version"], side="right"))
+        time_s = None if training_started_ts is None or "ts" not in record else round(record["ts"] - training_started_ts, 3)
+        curve.append({"version": record["version"], "bytes": int(cumulative[seen]), "accuracy": record["accuracy"], "time_s": time_s})
+    return curve
+
+
+def compress_overhead(steps: list[dict]) -> float | None:
+    """Mean compression time over mean gradient time, both weighted by the steps of each record.
+
+    CPU times where the worker reports them: under a CPU quota, wall times also hold the waits
+    for the next scheduling period, charged to whichever phase ran out of quota."""
+    weights = np.array([r.get("steps", 0) for r in steps], np.float64)
+    if not weights.sum():
+        return None
+    cpu = all("compute_cpu_ms" in r for r in steps)
+    compute = float(np.dot(weights, [r.get("compute_cpu_ms" if cpu else "compute_ms", 0.0) for r in steps]))
+    compress = float(np.dot(weights, [r.get("compress_cpu_ms" if cpu else "compress_ms", 0.0) for r in steps]))
+    return compress / compute if compute > 0 else None
+
+
+def time_to(curve: list[dict], target: float) -> dict | None:
+    """The first evaluation at or above ``target``: its training time and version."""
+    for point in curve:
+        if point["accuracy"] >= target:
+            return {"time_s": point["time_s"], "version": point["version"]}
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Report
+
+
+def write_report(out: Path, rows: list[dict], target_accuracy: float | None = None, meta: dict | None = None) -> dict:
+    """``compare.json``, ``compare.md`` and the figure, from the rows of :func:`summarize_run`
+    (with ``repeat``: rows of the same repetition ran with the same seed).
+
+    The target accuracy is one for every run: ``target_accuracy``, else 90% of the best method's
+    mean final accuracy over its completed runs. ``compare.json`` holds the rows (``methods``),
+    :func:`aggregate` and :func:`pairs`."""
+    means = {label: mean_ci(r["final_accuracy"] for r in rows if r["method"] == label and _completed(r))[1]
+             for label in _labels(rows)}
+    means = {label: mean for label, mean in means.items() if not math.isnan(mean)}
+    best = max(means, key=means.get) if means else None
+    target = target_accuracy if target_accuracy is not None else (DEFAULT_TARGET_FRACTION * means[best] if best else None)
+    dense_rows = [r for r in rows if r["compressor"] == "dense" and r["bytes_per_update"]]
+    dense = next((r for r in dense_rows if not flag(r)), dense_rows[0] if dense_rows else None)
+    # Its method's mean bytes per update (over the runs that did not diverge or die, if it has some).
+    dense_bytes = float(np.mean([r["bytes_per_update"] for r in dense_rows if r["method"] == dense["method"]
+                                 and (flag(dense) or not flag(r))])) if dense else None
+    for row in rows:
+        row["ratio_to_dense"] = dense_bytes / row["bytes_per_update"] if dense and row["bytes_per_update"] else None
+        row["time_to_target"] = time_to(row["curve"], target) if target is not None else None
+    report = {**(meta or {}), "target_accuracy": target, "dense_reference": dense["method"] if dense else None,
+              "figure": FIGURE, "methods": rows}
+    report.setdefault("repeat", len({r.get("repeat", 0) for r in rows}) or 1)
+    report.update(target_rule=("given" if target_accuracy is not None else
+                               f"{DEFAULT_TARGET_FRACTION:.0%} of the best mean final accuracy, {best}'s" if best else None),
+                  confidence=CONFIDENCE, aggregate=aggregate(rows), pairs=pairs(rows))
+    write_json_atomic(out / "compare.json", report)
+    (out / "compare.md").write_text(render_markdown(report))
+    plot_accuracy_vs_ingress(rows, target, out / FIGURE)
+    return report
+
+
+def _labels(rows: list[dict]) -> list[str]:
+    return list(dict.fromkeys(r["method"] for r in rows))
+
+
+def _completed(row: dict) -> bool:
+    """Whether a run counts in the statistics: it completed (diverged or dead runs did: they are marked)."""
+    return row.get("status") == "completed"
+
+
+def _value(row: dict, column: str) -> float | None:
+    if column == "time_to_target":
+        return (row.get("time_to_target") or {}).get("time_s")
+    return row.get(column)
+
+
+def _interval(values, confidence: float = CONFIDENCE) -> dict:
+    """``n``, ``mean`` and the Student-t interval (``half_width``, ``low``, ``high``); None where undefined (n < 2)."""
+    n, mean, half = mean_ci(values, confidence)
+    finite = lambda v: None if math.isnan(v) else v  # noqa: E731 - JSON has no NaN
+    return {"n": n, "mean": finite(mean), "half_width": finite(half), "low": finite(mean - half), "high": finite(mean + half)}
+
+
+def aggregate(rows: list[dict], confidence: float = CONFIDENCE) -> list[dict]:
+    """Per method, in the comparison's order: ``runs``, ``completed``, ``flagged`` (how many of those
+    diverged or ended dead), ``reached_target``, and per numeric column (:data:`AGGREGATED`)
+    :func:`_interval` over its completed runs (``time_to_target``: over those that reached it)."""
+    out = []
+    for label in _labels(rows):
+        mine = [r for r in rows if r["method"] == label]
+        done = [r for r in mine if _completed(r)]
+        outcomes = [flag(r).strip(" ()") for r in done]
+        entry = {"method": label, "runs": len(mine), "completed": len(done),
+                 "flagged": ", ".join(f"{outcomes.count(o)} {o}" for o in FLAGGED if o in outcomes),
+                 "reached_target": sum(1 for r in done if r.get("time_to_target"))}
+        out.append(entry | {column: _interval([_value(r, column) for r in done], confidence) for column in AGGREGATED})
+    return out
+
+
+def pairs(rows: list[dict], confidence: float = CONFIDENCE) -> list[dict]:
+    """For each pair of methods (A before B in the comparison's order), the mean paired difference
+    A - B of final accuracy and of time to target, with its Student-t interval and a verdict.
+
+    Runs pair by repetition (the same seed). A repetition in which either method did not complete
+    is left out of the pair (``left_out`` says which and why, ``n`` counts what remains); time
+    differences need both runs to reach the target (``only_a_reached``, ``only_b_reached`` and
+    ``neither_reached`` count the others)."""
+    by_repeat = {(r["method"], r.get("repeat", 0)): r for r in rows}
+    repeats = sorted({r.get("repeat", 0) for r in rows})
+    out = []
+    for a, b in itertools.combinations(_labels(rows), 2):
+        both, left_out = [], []
+        for rep in repeats:
+            ra, rb = by_repeat.get((a, rep)), by_repeat.get((b, rep))
+            why = [f"{label} {'not run' if r is None else r.get('status') or 'missing'}"
+                   for label, r in ((a, ra), (b, rb)) if r is None or not _completed(r)]
+            if why:
+                left_out.append({"repeat": rep, "why": ", ".join(why)})
+            else:
+                both.append((ra, rb))
+        times = [(_value(x, "time_to_target"), _value(y, "time_to_target")) for x, y in both]
+        time = _difference([(x, y) for x, y in times if x is not None and y is not None], False, confidence)
+        time.update(only_a_reached=sum(1 for x, y in times if x is not None and y is None),
+                    only_b_reached=sum(1 for x, y in times if x is None and y is not None),
+                    neither_reached=sum(1 for x, y in times if x is None and y is None))
+        accuracy = _difference([(x["final_accuracy"], y["final_accuracy"]) for x, y in both], True, confidence)
+        out.append({"a": a, "b": b, "repeats": len(repeats), "completed_pairs": len(both), "left_out": left_out,
+                    "final_accuracy": accuracy, "time_to_target": time})
+    return out
+
+
+def _difference(values: list[tuple], higher_is_better: bool, confidence: float) -> dict:
+    """The interval of the mean of ``a - b`` over ``(a, b)`` pairs, and the verdict it supports."""
+    result = _interval([a - b for a, b in values if a is not None and b is not None], confidence)
+    low, high = result["low"], result["high"]
+    better = "A better" if low is not None and low > 0 else "B better" if high is not None and high < 0 else CANT_TELL
+    if better != CANT_TELL and not higher_is_better:
+        better = "B better" if better == "A better" else "A better"
+    return result | {"verdict": better}
+
+
+def render_markdown(report: dict) -> str:
+    if report.get("repeat", 1) > 1:
+        return _render_repeated(report)
+    target = report["target_accuracy"]
+    lines = [
+        f"# Comparison: {report.get('name', '')}", "",
+        f"Scenario `{report.get('scenario', '')}`, seed {report.get('seed')}, backend {report.get('backend')}; "
+        f"target accuracy {_num(target, '.4f')}; ratios against `{report['dense_reference'] or 'no dense run'}`.", "",
+        "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS),
+    ]
+    for row in report["methods"]:
+        reached = row["time_to_target"]
+        cells = [
+            f"`{row['method']}`" + ("" if row["status"] == "completed" else f" ({row['status']})")
+            + flag(row),
+            _num(row["final_accuracy"], ".4f"), f"{row['updates']:,}" if row["updates"] is not None else "-",
+            f"{row['ingress_payload_bytes']:,}" if row["ingress_payload_bytes"] is not None else "-",
+            _num(row["bytes_per_update"], ",.0f"), _num(row["ratio_to_dense"], ".1f", "x"),
+            _num(row.get("down_bytes_per_update"), ",.0f"), _num(row.get("two_way_bytes_per_update"), ",.0f"),
+            "not reached" if reached is None else f"{_num(reached['time_s'], '.1f')} (update {reached['version']})",
+            _num(row["compress_overhead"], ".3f"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"![accuracy versus cumulative ingress bytes]({report['figure']})", ""]
+    return "\n".join(lines)
+
+
+def _render_repeated(report: dict) -> str:
+    """The table of means with intervals, then the paired differences."""
+    confidence = f"{report.get('confidence', CONFIDENCE):.0%}"
+    seeds = report.get("seeds") or sorted({r.get("seed") for r in report["methods"]}, key=str)
+    lines = [
+        f"# Comparison: {report.get('name', '')}", "",
+        f"Scenario `{report.get('scenario', '')}`, backend {report.get('backend')}, {report['repeat']} paired repetitions: "
+        f"repetition r runs every method with the same seed ({report.get('seed_rule', 'derived from the scenario seed')}; "
+        f"seeds {', '.join(map(str, seeds))}).", "",
+        f"Target accuracy {_num(report['target_accuracy'], '.4f')}"
+        + (f" ({report['target_rule']})" if report.get("target_rule") else "") + ", the same for every run; "
+        f"ratios against `{report['dense_reference'] or 'no dense run'}` (its mean bytes per update).", "",
+        f"Each cell: mean ± half-width of the {confidence} Student-t interval of the mean (number of runs); runs that "
+        "did not complete are not averaged; time to target over the runs that reached it. One row per run: `compare.json`.", "",
+        "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS),
+    ]
+    for entry in report["aggregate"]:
+        notes = ([f"{entry['completed']} of {entry['runs']} completed"] if entry["completed"] < entry["runs"] else []) \
+            + ([entry["flagged"]] if entry["flagged"] else [])
+        unreached = entry["completed"] - entry["reached_target"]
+        time = "not reached" if entry["completed"] and not entry["reached_target"] else (
+            _cell(entry["time_to_target"], ".1f") + (f"; not reached in {unreached}" if unreached else ""))
+        cells = [f"`{entry['method']}`" + (f" ({'; '.join(notes)})" if notes else ""),
+                 _cell(entry["final_accuracy"], ".4f"), _cell(entry["updates"], ",.0f"),
+                 _cell(entry["ingress_payload_bytes"], ",.0f"), _cell(entry["bytes_per_update"], ",.0f"),
+                 _cell(entry["ratio_to_dense"], ".1f", "x"), _cell(entry["down_bytes_per_update"], ",.0f"),
+                 _cell(entry["two_way_bytes_per_update"], ",.0f"), time, _cell(entry["compress_overhead"], ".3f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## Paired differences", "",
+              f"A - B over the repetitions in which both completed (same seed): mean and {confidence} Student-t interval "
+              "of the paired differences (number of pairs). A verdict needs an interval that excludes 0: higher final "
+              "accuracy is better, a shorter time to target is better; \"can't tell\" otherwise (or with fewer than 2 pairs). "
+              "Time differences need both runs to reach the target.", "",
+              "| A | B | final accuracy A - B | verdict | time to target A - B (s) | verdict |", "|---|---|---|---|---|---|"]
+    notes = []
+    for pair in report["pairs"]:
+        a, b = pair["a"], pair["b"]
+        accuracy, time = pair["final_accuracy"], pair["time_to_target"]
+        one_sided = "; ".join(f"only `{who}` reached it ({time[key]} of {pair['completed_pairs']})"
+                              for key, who in (("only_a_reached", a), ("only_b_reached", b)) if time[key])
+        lines.append(f"| `{a}` | `{b}` | {_cell(accuracy, '+.4f')} | {_verdict(accuracy, a, b)} "
+                     f"| {_cell(time, '+.1f') if time['n'] or not one_sided else one_sided} | {_verdict(time, a, b)} |")
+        notes += [f"- `{a}` vs `{b}`: repetition {x['repeat']} left out ({x['why']})" for x in pair["left_out"]]
+        for key, who in (("only_a_reached", a), ("only_b_reached", b)):
+            if time[key]:
+                notes.append(f"- `{a}` vs `{b}`: only `{who}` reached the target in {time[key]} of the "
+                             f"{pair['completed_pairs']} repetitions in which both completed")
+    lines += ["", *notes, *([""] if notes else []), f"![accuracy versus cumulative ingress bytes]({report['figure']})", ""]
+    return "\n".join(lines)
+
+
+def _cell(interval: dict, spec: str, suffix: str = "") -> str:
+    """``mean ± half-width (n)``; ``mean (1)`` for one value; ``-`` for none."""
+    if not interval["n"] or interval["mean"] is None:
+        return "-"
+    half = "" if interval["half_width"] is None else f" ± {interval['half_width']:{spec.lstrip('+')}}{suffix}"
+    return f"{interval['mean']:{spec}}{suffix}{half} ({interval['n']})"
+
+
+def _verdict(difference: dict, a: str, b: str) -> str:
+    return {"A better": f"`{a}` better", "B better": f"`{b}` better"}.get(difference["verdict"], difference["verdict"])
+
+
+def _num(value, spec: str, suffix: str = "") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:{spec}}{suffix}"
+
+
+def plot_accuracy_vs_ingress(rows: list[dict], target: float | None, path: Path) -> None:
+    """Accuracy against cumulative applied-update bytes (log x; evaluations before the first update
+    have no place on it): one line per method with one run, the mean and its shaded 95%
+    Student-t band (:func:`analysis.figures.mean_band`) per method with several."""
+    import pandas as pd
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from analysis.figures import mean_band
+
+    figure = Figure(figsize=(7, 4.5))
+    FigureCanvasAgg(figure)
+    ax = figure.add_subplot()
+    banded = False
+    for i, label in enumerate(_labels(rows)):
+        curves = [[(p["bytes"], p["accuracy"]) for p in r["curve"] if p["bytes"] > 0] for r in rows if r["method"] == label]
+        curves = [c for c in curves if c]
+        if len(curves) == 1:
+            x, y = zip(*curves[0])
+            ax.plot(x, y, marker="o", markersize=3, label=label, color=f"C{i % 10}")
+        elif curves:
+            banded = mean_band(ax, [pd.DataFrame(c, columns=["bytes", "accuracy"]) for c in curves], "bytes", "accuracy",
+                               label=label, color=f"C{i % 10}", log_x=True, confidence=CONFIDENCE) or banded
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=0.8, label=f"target {target:.3f}")
+    ax.set_xscale("log")
+    ax.set_xlabel("cumulative ingress at the server (bytes of applied updates)")
+    ax.set_ylabel("test accuracy" + (f" (mean, shaded: {CONFIDENCE:.0%} interval)" if banded else ""))
+    ax.grid(True, which="both", linewidth=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+__all__ = ["compare", "parse_method_spec", "MethodSpec", "summarize_run", "write_report", "aggregate", "pairs",
+           "accuracy_curve", "compress_overhead", "time_to", "training_start"]

@@ -1,0 +1,119 @@
+"""Training methods: which compressor the workers use and which rule the server applies.
+
+The paper's four are presets (``asgd``, ``staleness_asgd``, ``comp_c``, ``adacomp``). Any
+registered compressor is a method too (``method: {name: topk, c: 0.001, rule: staleness}``),
+so every compressor combines with every server rule, and with every way of pulling the model
+(``pull``: dense, delta, lossy delta, every m pushes). Keys other than ``name``, ``rule``,
+``error_feedback``, ``wire`` and ``pull`` are the compressor's parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pydantic import BaseModel, ValidationError
+
+import compression
+from compression import COMPRESSORS
+
+from emulator.planning.problems import Problem, problems_from
+from emulator.runtime.rules import RULES
+
+
+class MethodSection(Protocol):
+    """What this module reads of a scenario's ``method`` section (:class:`emulator.planning.scenario.MethodSpec`,
+    which imports this module to check itself: so it is named here by its shape, not imported)."""
+
+    name: str
+    rule: str | None
+    error_feedback: bool
+    wire: BaseModel
+    pull: BaseModel
+
+    @property
+    def params(self) -> dict: ...  # the compressor's parameters: the section's other keys
+
+
+@dataclass(frozen=True)
+class Preset:
+    compressor: str
+    rule: str
+    description: str
+    fixed: dict = field(default_factory=dict)  # compressor parameters the preset sets itself
+
+
+PRESETS: dict[str, Preset] = {
+    "asgd": Preset("dense", "plain", "asynchronous SGD: dense gradients, alpha (the paper's reference)"),
+    "staleness_asgd": Preset("dense", "staleness", "dense gradients, alpha / max(1, d) (Zhang et al., IJCAI 2016)"),
+    "comp_c": Preset("topk", "plain", "per-tensor top-c, alpha (the paper's Comp-c)"),
+    "adacomp": Preset("topk", "adacomp", "per-tensor top-c, alpha / max(1, sigma) per coordinate (the paper's AdaComp)"),
+}
+
+
+@dataclass(frozen=True)
+class ResolvedMethod:
+    name: str
+    compressor: str
+    params: dict
+    rule: str
+    error_feedback: bool
+    wire: dict
+    pull: dict = field(default_factory=lambda: {"mode": "dense", "values": "f32", "every": 1})
+
+    @property
+    def pull_label(self) -> str:
+        """How workers pull, for people (``delta f16, every 4 pushes``); empty for the default (dense after every push)."""
+        mode, values, every = self.pull["mode"], self.pull["values"], self.pull["every"]
+        words = [] if mode == "dense" else [f"delta {values}"]
+        words += [] if every == 1 else [f"every {every} pushes"]
+        return ", ".join(words)
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name, "compressor": self.compressor, "params": dict(sorted(self.params.items())),
+            "rule": self.rule, "error_feedback": self.error_feedback, "wire": dict(self.wire), "pull": dict(self.pull),
+        }
+
+
+def known_methods() -> list[str]:
+    return sorted(set(PRESETS) | set(COMPRESSORS))
+
+
+def resolve(spec: MethodSection) -> ResolvedMethod:
+    """Preset or compressor name -> compressor, its validated parameters, and the server rule."""
+    preset = PRESETS.get(spec.name)
+    compressor = preset.compressor if preset else spec.name
+    if compressor not in COMPRESSORS:
+        raise ValueError(f"unknown method {spec.name!r}; known: {', '.join(known_methods())}")
+    params_model = COMPRESSORS[compressor].Params
+    params = params_model(**spec.params).model_dump()
+    rule = spec.rule or (preset.rule if preset else "plain")
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r}; known: {', '.join(sorted(RULES))}")
+    return ResolvedMethod(spec.name, compressor, params, rule, spec.error_feedback, spec.wire.model_dump(), spec.pull.model_dump())
+
+
+def check_method(spec: MethodSection) -> list[Problem]:
+    """Every problem with the method section, with paths like ``method.c``."""
+    preset = PRESETS.get(spec.name)
+    compressor = preset.compressor if preset else spec.name
+    if compressor not in COMPRESSORS:
+        return [Problem("method.name", f"unknown method {spec.name!r}; known: {', '.join(known_methods())}")]
+    problems = []
+    if spec.rule is not None and spec.rule not in RULES:
+        problems.append(Problem("method.rule", f"unknown rule {spec.rule!r}; known: {', '.join(sorted(RULES))}"))
+    if spec.error_feedback and COMPRESSORS[compressor].has_own_memory:
+        problems.append(Problem("method.error_feedback", f"{compressor} keeps its own residual"))
+    try:
+        COMPRESSORS[compressor].Params(**spec.params)
+    except ValidationError as exc:
+        for problem in problems_from(exc, ("method",)):
+            if problem.message.startswith("unknown key"):
+                allowed = ", ".join(COMPRESSORS[compressor].Params.model_fields) or "none"
+                problem = Problem(problem.path, f"unknown parameter for {spec.name} (parameters: {allowed}; also name, rule, error_feedback, wire, pull)")
+            problems.append(problem)
+    return problems
+
+
+__all__ = ["PRESETS", "ResolvedMethod", "resolve", "check_method", "known_methods", "compression"]

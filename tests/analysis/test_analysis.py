@@ -1,0 +1,464 @@
+"""Trace loading, derived tables, figures and reports, on run directories written by the tests themselves.
+
+:func:`write_synthetic_run` writes a run directory with the records a real run writes (same
+streams, same fields, same clocks): three workers, a crash and a restart, one evaluation every
+ten updates. The report tests of ``tests/analysis/test_report_html.py`` and ``tests/experiments/test_sweep.py`` reuse it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analysis import figures
+from analysis.report import build_report, render_html, render_markdown, Block
+from analysis.runs import (
+    accuracy_with_ingress, counter_rates, faults, ingress_per_second, load_accuracy, load_collection, load_events,
+    load_net, load_run, load_stream, load_updates, summary_row, training_start_ts, worker_shares,
+)
+
+START_TS = 12.5  # trace-clock second at which training started (devices booted before)
+
+
+def _jsonl(path: Path, records: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+
+
+def write_synthetic_run(path: Path, *, method: str = "adacomp", updates: int = 60, workers: int = 3, seed: int = 1,
+                        backend: str = "docker", accuracy_gain: float = 0.8, with_summary: bool = True,
+                        update_bytes: int = 2_000, run_id: str | None = None) -> Path:
+    """A run directory as a real run leaves it; returns its path."""
+    rng = np.random.default_rng(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "logs").mkdir(exist_ok=True)
+    run_id = run_id or path.name
+    names = [f"worker-{i}" for i in range(workers)]
+    cpus = [0.2 + 0.1 * i for i in range(workers)]
+    plan = {
+        "name": "synthetic", "seed": seed, "model": "mlp", "backend": backend, "horizon_s": 3600.0,
+        "dataset": {"name": "digits", "partition": "iid"},
+        "training": {"batch_size": 10, "learning_rate": 0.1, "max_updates": updates, "duration": None, "eval_every": {"updates": 10}},
+        "method": {"name": method, "compressor": "topk" if method != "asgd" else "dense", "params": {"c": 0.01} if method != "asgd" else {},
+                   "rule": method if method != "comp_c" else "plain", "error_feedback": False, "wire": {"values": "f32", "indices": "elias_fano"}},
+        "server": {"name": "server", "role": "server", "index": -1, "group": "server", "cpus": 1.0},
+        "evaluator": {"name": "evaluator", "role": "evaluator", "index": -1, "group": "evaluator", "cpus": 0.5},
+        "workers": [{"name": n, "role": "worker", "index": i, "group": "slow" if i == 0 else "fast", "cpus": cpus[i]}
+                    for i, n in enumerate(names)],
+        "events": [], "triggers": [],
+    }
+    (path / "plan.json").write_text(json.dumps(plan, indent=1))
+    duration = updates * 0.1
+    # updates: one every 0.1 s of training, round-robin with some noise; worker 1 is down 2 s - 3.5 s
+    ups, t0_of = [], {}
+    version = 0
+    for t in range(1, updates + 1):
+        ts = START_TS + t * 0.1
+        candidates = [w for w in range(workers) if not (w == 1 and 2.0 <= ts - START_TS < 3.5)]
+        w = candidates[int(rng.integers(len(candidates)))]
+        t0 = t0_of.get(w, 0)
+        ups.append({"t": t, "worker": w, "t0": t0, "staleness": t - 1 - t0, "bytes": update_bytes, "entries": 48,
+                    "scale": 1.0, "decode_us": 300, "apply_us": 200, "ts": round(ts, 4), "source": "server"})
+        version = t
+        t0_of[w] = t
+    _jsonl(path / "updates.jsonl", ups)
+    acc = []
+    for v in range(0, updates + 1, 10):
+        model_ts = START_TS + v * 0.1
+        accuracy = 0.1 + accuracy_gain * (1 - math.exp(-v / (updates / 3)))
+        acc.append({"version": v, "model_ts": round(model_ts, 4), "accuracy": round(accuracy, 4), "loss": round(2.3 * (1.05 - accuracy), 4),
+                    "final": v == updates, "eval_s": 0.05, "test_size": 360, "ts": round(model_ts + 0.05, 4), "source": "evaluator"})
+    _jsonl(path / "accuracy.jsonl", acc)
+    traffic = []
+    for second in range(int(math.ceil(duration)) + 1):
+        ts = START_TS + second + 1.0
+        for w in range(workers):
+            pushed = [u for u in ups if u["worker"] == w and ts - 1.0 <= u["ts"] < ts]
+            if pushed or w != 1:
+                traffic.append({"worker": w, "ingress_bytes": sum(u["bytes"] for u in pushed), "pushes": len(pushed),
+                                "egress_bytes": 20_000 * len(pushed), "ts": round(ts, 4), "source": "server"})
+        traffic.append({"worker": 0xFFFFFFFF, "ingress_bytes": 0, "pushes": 0, "egress_bytes": 20_000, "ts": round(ts, 4), "source": "server"})
+    _jsonl(path / "traffic.jsonl", traffic)
+    events = [
+        {"ts": 1.2, "source": "controller", "kind": "run_started", "run_id": run_id, "backend": backend, "workers": workers},
+        {"kind": "training_started", "version": 0, "ts": START_TS - 0.05, "source": "server"},
+        {"ts": START_TS, "source": "controller", "kind": "training_started", "boot_s": START_TS},
+        {"ts": START_TS + 2.0, "source": "controller", "kind": "fault", "action": "crash", "target": "worker-1", "planned_s": 2.0, "origin": "schedule"},
+        {"ts": START_TS + 3.5, "source": "controller", "kind": "fault", "action": "restart", "target": "worker-1", "planned_s": 3.5,
+         "origin": "schedule", "incarnation": 1},
+        {"ts": START_TS + duration, "source": "controller", "kind": "training_done", "reason": "max_updates reached", "updates": updates},
+    ]
+    _jsonl(path / "events.jsonl", events)
+    devices = ["server", "evaluator", *names]
+    quota = {"server": 1.0, "evaluator": 0.5, **dict(zip(names, cpus))}
+    stats, net, cpu, rx, tx = [], [], dict.fromkeys(devices, 5.0), dict.fromkeys(devices, 0), dict.fromkeys(devices, 0)
+    for second in range(-2, int(math.ceil(duration)) + 2):
+        ts = START_TS + second
+        for d in devices:
+            if d == "worker-1" and 2 <= second < 4:
+                continue  # down: no sample
+            if d == "worker-1" and second == 4:
+                cpu[d] = 1.0  # a new process: the counter starts again
+            cpu[d] += quota[d] * float(rng.uniform(0.7, 1.0))
+            rx[d] += 40_000 if d != "server" else 3 * update_bytes * 10
+            tx[d] += 3 * update_bytes * 10 if d != "server" else 120_000
+            stats.append({"ts": round(ts, 3), "device": d, "cpu_s": round(cpu[d], 3), "memory_bytes": 300_000_000})
+            net.append({"ts": round(ts, 3), "device": d, "rx_bytes": rx[d], "tx_bytes": tx[d]})
+    _jsonl(path / "stats.jsonl", stats)
+    if backend == "docker":
+        _jsonl(path / "net.jsonl", net)
+    steps = [{"worker": w, "steps": 3, "rejected": 0, "push_bytes": 3 * update_bytes, "compute_ms": 20.0, "compress_ms": 2.0,
+              "network_ms": 30.0, "loss": 1.0, "ts": round(START_TS + s + 1.0, 4), "source": f"worker-{w}"}
+             for s in range(int(duration)) for w in range(workers)]
+    _jsonl(path / "steps.jsonl", steps)
+    if with_summary:
+        summary = {
+            "run_id": run_id, "name": "synthetic", "status": "completed", "error": None, "backend": backend, "method": method,
+            "rule": plan["method"]["rule"], "compressor": plan["method"]["compressor"], "workers": workers, "seed": seed,
+            "final_accuracy": acc[-1]["accuracy"], "final_loss": acc[-1]["loss"], "final_version": updates, "final_is_end_of_training": True,
+            "updates_applied": updates, "ingress_payload_bytes": sum(r["ingress_bytes"] for r in traffic),
+            "applied_update_bytes": sum(u["bytes"] for u in ups), "rejected_frames": 0, "late_updates": 2, "duration_s": duration,
+            "boot_s": START_TS, "training_started_ts": START_TS, "updates_per_s": updates / duration,
+            "faults": {"crash": 1, "restart": 1}, "lost_updates": 0, "done_reason": "max_updates reached", "diverged": False,
+            "parameters": 4810, "dataset": "scikit-learn's load_digits", "plan_digest": f"{seed:016x}",
+            "ingress_wire_bytes": int(sum(r["ingress_bytes"] for r in traffic) * 1.1) if backend == "docker" else None,
+        }
+        (path / "summary.json").write_text(json.dumps(summary, indent=1))
+    return path
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> Path:
+    return write_synthetic_run(tmp_path / "20261202-120000-synthetic-abcd")
+
+
+# -- loaders -----------------------------------------------------------------------------
+
+
+def test_times_are_relative_to_the_start_of_training(run_dir):
+    updates = load_updates(run_dir)
+    assert training_start_ts(run_dir) == START_TS
+    assert np.allclose(updates["time_s"], updates["ts"] - START_TS)
+    assert updates["time_s"].iloc[0] == pytest.approx(0.1)
+    assert list(updates["t"]) == list(range(1, 61))
+    assert updates["cum_bytes"].iloc[-1] == 60 * 2_000
+    accuracy = load_accuracy(run_dir)
+    assert np.allclose(accuracy["model_time_s"], accuracy["model_ts"] - START_TS)
+
+
+def test_a_missing_stream_is_an_empty_table_with_its_columns(run_dir):
+    (run_dir / "net.jsonl").unlink()
+    net = load_net(run_dir)
+    assert net.empty and {"ts", "time_s", "device", "rx_bytes", "tx_bytes"} <= set(net.columns)
+    with pytest.raises(ValueError, match="unknown stream"):
+        load_stream(run_dir, "nonsense")
+
+
+def test_a_cut_off_last_line_is_skipped_with_a_warning(run_dir):
+    complete = len(load_updates(run_dir))
+    with open(run_dir / "updates.jsonl", "a") as fh:
+        fh.write('{"t":61,"worker":0,"t0":')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        updates = load_updates(run_dir)
+    assert len(updates) == complete
+    assert any("incomplete" in str(w.message) for w in caught)
+
+
+def test_a_run_killed_before_its_summary_is_rebuilt_from_its_traces(tmp_path):
+    run = load_run(write_synthetic_run(tmp_path / "killed", with_summary=False))
+    assert run.start_ts == START_TS  # from the controller's training_started event
+    row = summary_row(run)
+    assert row["status"] == "incomplete"
+    assert row["method"] == "adacomp" and row["workers"] == 3 and row["updates"] == 60
+    assert row["ingress_payload_bytes"] == run.traffic["ingress_bytes"].sum()
+    assert row["final_accuracy"] == run.accuracy["accuracy"].iloc[-1]
+    assert row["faults"] == {"crash": 1, "restart": 1}
+
+
+def test_a_directory_that_is_not_a_run_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_run(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        load_collection(tmp_path)
+
+
+def test_faults_are_the_fault_events(run_dir):
+    rows = faults(load_events(run_dir))
+    assert list(rows["action"]) == ["crash", "restart"]
+    assert list(rows["target"]) == ["worker-1", "worker-1"]
+    assert rows["time_s"].tolist() == pytest.approx([2.0, 3.5])
+
+
+def test_a_folder_of_runs_is_a_collection(tmp_path):
+    for i, method in enumerate(("asgd", "adacomp")):
+        write_synthetic_run(tmp_path / f"run-{method}", method=method, seed=i)
+    (tmp_path / "notes").mkdir()  # not a run: ignored
+    c = load_collection(tmp_path)
+    assert not c.is_sweep and [r.method for r in c.runs] == ["adacomp", "asgd"]
+    assert list(c.table()["method"]) == ["adacomp", "asgd"]
+
+
+# -- derived tables: properties ----------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 10_000), min_size=1, max_size=50), st.data())
+def test_ingress_at_a_version_is_the_bytes_of_the_updates_up_to_it(sizes, data):
+    updates = pd.DataFrame({"t": range(1, len(sizes) + 1), "bytes": sizes})
+    versions = sorted(data.draw(st.lists(st.integers(0, len(sizes)), min_size=1, max_size=10)))
+    accuracy = pd.DataFrame({"version": versions, "accuracy": 0.5})
+    out = accuracy_with_ingress(accuracy, updates.sample(frac=1, random_state=0))  # order of rows does not matter
+    assert out["ingress_bytes"].tolist() == [sum(sizes[:v]) for v in versions]
+    assert out["ingress_bytes"].is_monotonic_increasing
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.floats(0, 30), st.integers(0, 10**6)), max_size=60))
+def test_ingress_per_second_keeps_every_byte_and_fills_silent_seconds(records):
+    traffic = pd.DataFrame(records, columns=["worker", "time_s", "ingress_bytes"])
+    table = ingress_per_second(traffic, workers=[0, 1, 2, 3, 4])
+    assert table.to_numpy().sum() == traffic["ingress_bytes"].sum()
+    assert list(table.columns) == [0, 1, 2, 3, 4]
+    if len(table):
+        assert list(table.index) == list(range(table.index.min(), table.index.max() + 1))
+
+
+def test_ingress_per_second_ignores_the_evaluator_connection(run_dir):
+    run = load_run(run_dir)
+    table = ingress_per_second(run.traffic, run.worker_names)
+    assert list(table.columns) == [0, 1, 2]
+    assert table.to_numpy().sum() == run.updates["bytes"].sum()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 100), min_size=2, max_size=30))
+def test_counter_rates_are_the_slopes_and_skip_resets(increments):
+    cumulative = np.cumsum(increments)
+    frame = pd.DataFrame({"ts": np.arange(len(increments), dtype=float) * 2.0, "device": "d", "cpu_s": cumulative})
+    frame["time_s"] = frame["ts"]
+    rates = counter_rates(frame, "device", ("cpu_s",))
+    assert rates["cpu_s_rate"].to_numpy() == pytest.approx(np.asarray(increments[1:]) / 2.0)
+    reset = frame.copy()
+    reset.loc[len(reset) // 2:, "cpu_s"] -= cumulative[len(reset) // 2] + 1  # a restarted process
+    rates = counter_rates(reset, "device", ("cpu_s",))
+    assert rates["cpu_s_rate"].dropna().ge(0).all() and rates["cpu_s_rate"].isna().sum() == 1
+
+
+def test_counter_rates_skip_samples_too_close_to_the_previous_one():
+    frame = pd.DataFrame({"ts": [0.0, 0.04, 1.0, 2.0], "device": "server", "rx_bytes": [0, 1_000_000, 1_500_000, 2_500_000]})
+    frame["time_s"] = frame["ts"] - 0.5
+    rates = counter_rates(frame, "device", ("rx_bytes",))
+    assert rates["rx_bytes_rate"].tolist() == [1_500_000, 1_000_000]  # not 25 MB/s over the 40 ms interval
+    assert rates["since_s"].tolist() == [-0.5, 0.5] and rates["time_s"].tolist() == [0.5, 1.5]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=100))
+def test_worker_shares_sum_to_one_and_include_idle_workers(workers):
+    shares = worker_shares(pd.DataFrame({"worker": workers}), workers=list(range(8)))
+    assert list(shares.index) == list(range(8))
+    assert shares.sum() == pytest.approx(1.0)
+    assert shares[7] == 0.0
+
+
+# -- figures -----------------------------------------------------------------------------
+
+
+def test_every_figure_draws_from_a_run_and_returns_none_without_data(run_dir, tmp_path):
+    run = load_run(run_dir)
+    acc = accuracy_with_ingress(run.accuracy, run.updates)
+    quotas = {d["name"]: d["cpus"] for d in [run.plan["server"], run.plan["evaluator"], *run.plan["workers"]]}
+    drawn = {
+        "accuracy_time": figures.accuracy_vs_time({"adacomp": acc}),
+        "accuracy_updates": figures.accuracy_vs_updates({"adacomp": acc}),
+        "accuracy_ingress": figures.accuracy_vs_ingress({"adacomp": acc}),
+        "ingress": figures.ingress_rate(ingress_per_second(run.traffic, run.worker_names), run.faults),
+        "staleness": figures.staleness_histogram({"adacomp": run.updates}),
+        "share": figures.worker_share(worker_shares(run.updates, run.worker_names), {0: "slow", 1: "fast", 2: "fast"}),
+        "cpu": figures.cpu_utilisation(run.stats, quotas, run.faults),
+        "link": figures.link_utilisation(run.net, run.faults),
+    }
+    for name, fig in drawn.items():
+        assert fig is not None, name
+        for ax in fig.axes:
+            if ax.get_visible() and ax.has_data():
+                assert ax.get_xlabel() or ax.get_ylabel(), f"{name}: unlabelled axes"
+        path = figures.save(fig, tmp_path / f"{name}.png")
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
+    ax = drawn["ingress"].axes[0]
+    assert {"crash w1", "restart w1"} <= {t.get_text().strip() for t in ax.texts}
+    assert drawn["accuracy_ingress"].axes[0].get_xscale() == "log"
+    empty = pd.DataFrame(columns=["time_s", "version", "accuracy", "ingress_bytes", "staleness", "device", "cpu_s", "rx_bytes", "tx_bytes"])
+    assert figures.accuracy_vs_time({"x": empty}) is None
+    assert figures.accuracy_vs_ingress({}) is None
+    assert figures.staleness_histogram({"x": empty}) is None
+    assert figures.cpu_utilisation(empty) is None
+    assert figures.link_utilisation(empty) is None
+    assert figures.ingress_rate(pd.DataFrame()) is None
+    assert figures.worker_share(pd.Series(dtype=float)) is None
+
+
+def test_staleness_histograms_of_several_methods_are_fractions(tmp_path):
+    tables = {m: load_updates(write_synthetic_run(tmp_path / m, method=m, seed=i)) for i, m in enumerate(("asgd", "adacomp"))}
+    fig = figures.staleness_histogram(tables)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert [l.split(" (")[0] for l in labels] == ["asgd", "adacomp"]
+    assert fig.axes[0].get_ylabel() == "fraction of updates"
+
+
+def test_many_workers_are_drawn_as_a_band(tmp_path):
+    run = load_run(write_synthetic_run(tmp_path / "many", workers=14))
+    fig = figures.cpu_utilisation(run.stats)
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert "workers, median" in labels and not any(l.startswith("worker-") for l in labels)
+
+
+# -- reports -----------------------------------------------------------------------------
+
+
+def test_the_report_of_a_run_has_its_table_and_every_figure(run_dir):
+    out = build_report(run_dir)
+    assert out == run_dir / "report"
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == sorted(["accuracy_ingress.png", "accuracy_time.png", "accuracy_updates.png", "ingress_rate.png",
+                           "traffic_both_ways.png", "staleness.png", "worker_share.png", "cpu.png", "link.png"])
+    md = (out / "report.md").read_text()
+    assert ("| run | status | method | workers | final accuracy | updates | ingress payload | ingress on wire | egress payload | "
+            "egress on wire | two-way / update | duration | faults |") in md
+    assert "| completed | adacomp | 3 | 0.8602 | 60 | 117.19 KiB (120,000 B) |" in md and "crash 1, restart 1" in md
+    html = (out / "report.html").read_text()
+    for png in pngs:
+        assert f"]({png})" in md and f'src="{png}"' in html
+    assert "<table>" in html and "adacomp" in html
+
+
+def test_a_local_run_report_says_why_link_utilisation_is_missing(tmp_path):
+    out = build_report(write_synthetic_run(tmp_path / "local-run", backend="local"))
+    assert not (out / "link.png").exists()
+    assert "net.jsonl is written by the docker backend only" in (out / "report.md").read_text()
+
+
+def test_a_rebuilt_report_drops_figures_it_no_longer_draws(run_dir):
+    out = build_report(run_dir)
+    assert (out / "link.png").exists()
+    (run_dir / "net.jsonl").unlink()
+    build_report(run_dir)
+    assert not (out / "link.png").exists()
+
+
+def test_a_folder_report_overlays_its_runs(tmp_path):
+    for i, method in enumerate(("asgd", "adacomp")):
+        write_synthetic_run(tmp_path / f"run-{method}", method=method, seed=i)
+    out = build_report(tmp_path)
+    md = (out / "report.md").read_text()
+    assert "run-asgd" in md and "run-adacomp" in md
+    assert {"accuracy_ingress.png", "staleness.png"} <= {p.name for p in out.glob("*.png")}
+
+
+def test_the_report_command_writes_the_report_and_refuses_other_folders(run_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from emulator.cli import main
+
+    result = CliRunner().invoke(main, ["report", str(run_dir)])
+    assert result.exit_code == 0 and str(run_dir / "report" / "report.html") in result.output
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "empty")])
+    assert result.exit_code == 2 and "neither a run directory, a sweep directory, nor a folder of runs" in result.output
+
+
+def test_html_escapes_what_it_shows():
+    page = render_html([Block("p", "a <b> & `code` [link](x.html)"), Block("table", headers=("<h>",), rows=(("<c>",),))], "t<")
+    assert "a &lt;b&gt; &amp; <code>code</code> <a href=\"x.html\">link</a>" in page
+    assert "<th>&lt;h&gt;</th>" in page and "<td>&lt;c&gt;</td>" in page and "<title>t&lt;</title>" in page
+    assert render_markdown([Block("table", headers=("a|b",), rows=(("1",),))]).startswith("| a\\|b |")
+
+
+# -- the notebook ------------------------------------------------------------------------
+
+NOTEBOOK = Path(__file__).resolve().parents[2] / "analysis" / "notebooks" / "sweep.ipynb"
+
+
+@pytest.mark.slow
+def test_the_sweep_notebook_runs_headless_and_draws_its_figures(tmp_path, monkeypatch):
+    """Executes ``analysis/notebooks/sweep.ipynb`` in a real Jupyter kernel (nbclient + ipykernel) on a sweep."""
+    try:
+        import nbclient
+        import nbformat
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("nbclient/ipykernel not installed (pip install -e '.[test]')")
+    from test_sweep import TINY, FakeRunner
+
+    from emulator.experiments.sweep import Sweep, run_sweep
+
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(TINY)
+    sweep = Sweep.from_options(scenario, ["faults.crash.rate_per_hour=0,60", "method.name=comp_c,adacomp"], repeat=2)
+    run_sweep(sweep, tmp_path / "sweep", runner=FakeRunner(), say=lambda m: None)
+    monkeypatch.setenv("SWEEP_DIR", str(tmp_path / "sweep"))  # the kernel inherits the environment
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"), "commit the notebook without outputs"
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) == 3 + 3  # three sweep metrics against the crash rate; accuracy x2 and staleness over runs
+    assert "8 runs" in "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+
+
+def test_byte_tick_labels_keep_close_ticks_apart():
+    from analysis.figures import BYTES
+
+    assert BYTES.format_ticks([8.4e6, 8.6e6, 8.8e6, 9.0e6]) == ["8.4 MB", "8.6 MB", "8.8 MB", "9.0 MB"]
+    assert BYTES.format_ticks([1e6, 2e6, 3e6]) == ["1 MB", "2 MB", "3 MB"]
+    assert BYTES(8.6e6) == "9 MB"  # a lone label keeps the formatter's own precision
+
+
+def test_a_categorical_sweep_axis_has_points_not_lines():
+    from analysis.figures import sweep_metric
+
+    agg = pd.DataFrame({"workers[0].cpus": ["0.15", "{uniform: [0.05, 0.25]}"], "n": [3, 3],
+                        "final_accuracy_mean": [0.7, 0.6], "final_accuracy_ci95": [0.02, 0.05]})
+    fig = sweep_metric(agg, "workers[0].cpus", "final_accuracy")
+    means = [line for line in fig.axes[0].get_lines() if line.get_marker() == "o"]
+    assert means and all(line.get_linestyle() == "None" for line in means)
+
+
+def test_repetitions_under_one_label_are_a_mean_line_and_a_band():
+    from matplotlib.collections import PolyCollection
+
+    from analysis.figures import accuracy_vs_updates
+
+    runs = [pd.DataFrame({"version": [0, 50, 100], "accuracy": [0.1, 0.5 + d, 0.7 + d]}) for d in (0.0, 0.02, 0.05)]
+    fig = accuracy_vs_updates({"adacomp": runs, "asgd": [runs[0]]})
+    ax = fig.axes[0]
+    assert len([c for c in ax.collections if isinstance(c, PolyCollection)]) == 1  # one band, for the repeated method
+    labels = [line.get_label() for line in ax.get_lines() if not line.get_label().startswith("_")]
+    assert sorted(labels) == ["adacomp (mean of 3)", "asgd"]
+
+
+def test_traffic_both_ways_and_server_cpu_per_update():
+    from analysis.figures import traffic_both_ways as figure
+    from analysis.runs import NO_WORKER, server_cpu_per_update, traffic_both_ways
+
+    traffic = pd.DataFrame({"worker": [0, 1, NO_WORKER, 0], "time_s": [0.2, 0.7, 0.5, 2.1],
+                            "ingress_bytes": [100, 200, 0, 50], "egress_bytes": [1000, 2000, 9999, 500]})
+    both = traffic_both_ways(traffic)
+    assert both.to_dict("index") == {0: {"up": 300.0, "down": 3000.0}, 1: {"up": 0.0, "down": 0.0}, 2: {"up": 50.0, "down": 500.0}}
+    stats = pd.DataFrame({"device": ["server", "server", "server", "worker-0"], "time_s": [-1.0, 0.5, 10.5, 5.0],
+                          "cpu_s": [3.0, 4.0, 6.0, 99.0]})
+    assert server_cpu_per_update(stats, 1000) == pytest.approx(0.002)  # 2 CPU seconds over 1,000 updates, boot left out
+    assert server_cpu_per_update(stats, 0) is None
+    fig = figure({"adacomp": both})
+    assert [line.get_linestyle() for line in fig.axes[0].get_lines()] == ["-", "--"]

@@ -1,0 +1,346 @@
+"""Faults survived: a worker dying mid-frame, a controller killed over and over, cut-off traces.
+
+* In-process (fast): a worker that sends a header and part of a frame, then dies. The server
+  drops the partial frame, counts it (``partial_frame`` in its rejections), keeps serving the
+  others meanwhile, and takes the same worker id back when it reconnects.
+* Docker (slow): ``emulate run`` started and SIGKILLed at a random instant after its containers
+  appear, then ``emulate clean``, twenty times in a row (``EMU_CHAOS_CYCLES``). Nothing may be
+  left: no labelled container or network, no htb/netem qdisc on a host interface, no
+  ``emuprobe*`` link, no ``EMU-*`` iptables chain on the host; and every run directory's
+  streams still read (at most a cut-off last line, skipped with a warning).
+* A run directory whose streams end in a cut-off line: :func:`read_jsonl` and the analysis
+  loaders warn and skip it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import compression
+from conftest import ROOT
+from emulator.control.rundir import STREAMS, read_jsonl
+from emulator.runtime import protocol
+from emulator.runtime.protocol import HEADER, MsgType
+from test_paramserver import harness  # noqa: F401 (a fixture, used by name)
+from test_paramserver import LAYOUT, TIMEOUT, TOKEN, expected_step, update
+
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+
+
+# ---------------------------------------------------------------------------------------
+# A worker that dies mid-frame
+
+
+def _wait_for(predicate, timeout_s: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+CUTS = {  # where the dying worker stops, in bytes of its PUSH frame (header 38 bytes)
+    "in_the_header": lambda frame: 20,
+    "after_the_header": lambda frame: HEADER.size,
+    "in_the_body": lambda frame: HEADER.size + (len(frame) - HEADER.size) // 2,
+    "one_byte_short": lambda frame: len(frame) - 1,
+}
+
+
+@pytest.mark.parametrize("cut", sorted(CUTS))
+def test_a_worker_dying_mid_frame_is_dropped_counted_and_may_come_back(harness, cut):
+    h = harness()
+    h.start()
+    other = h.client(worker=1)
+    other.pull()
+    _, p0 = other.model()
+    dying = h.client(worker=0)
+    dying.pull()
+    dying.model()
+    message = compression.encode(update(), LAYOUT)
+    frame = protocol.pack_header(MsgType.PUSH, TOKEN, len(message), worker=0, t0=0) + message
+    dying.sock.sendall(frame[: CUTS[cut](frame)])
+
+    # While the partial frame hangs, the others are served.
+    other.push(update(), t0=0)
+    header, p1 = other.model()
+    assert header.t0 == 1
+    np.testing.assert_array_equal(p1, expected_step(p0, update()))
+
+    dying.close()  # dies with its frame half sent
+    _wait_for(lambda: any(e["kind"] == "disconnected" and e["worker"] == 0 for e in h.tel.stream("events")))
+    assert h.server.rejections == {"partial_frame": 1}
+    (row,) = h.tel.stream("rejections")
+    assert row["reason"] == "partial_frame" and row["worker"] == 0 and "closed after" in row["detail"]
+    gone = next(e for e in h.tel.stream("events") if e["kind"] == "disconnected" and e["worker"] == 0)
+    assert gone["pending"] is True  # the update it was sending is lost, and counted as such
+    assert h.server.version == 1 and 0 not in h.server.rule.at_pull
+    np.testing.assert_array_equal(h.server.params, p1)  # nothing of the partial frame was applied
+
+    back = h.client(worker=0)  # the same worker id, a new incarnation
+    back.pull()
+    header, p_back = back.model()
+    assert header.t0 == 1
+    back.push(update(), t0=1)
+    header, p2 = back.model()
+    assert header.t0 == 2
+    np.testing.assert_array_equal(p2, expected_step(p_back, update()))
+    other.push(update(), t0=1)
+    assert other.model()[0].t0 == 3
+    assert h.server.rejections == {"partial_frame": 1}
+
+
+def test_a_worker_closing_between_frames_is_not_a_refusal(harness):
+    h = harness()
+    h.start()
+    w = h.client(worker=0)
+    w.pull()
+    w.model()
+    w.push(update(), t0=0)
+    w.model()
+    w.close()
+    _wait_for(lambda: any(e["kind"] == "disconnected" for e in h.tel.stream("events")))
+    assert not h.server.rejections and not h.tel.stream("rejections")
+
+
+def test_many_workers_dying_mid_frame_while_others_push():
+    """Eight workers push in a loop while eight others die mid-frame, again and again."""
+    import threading
+
+    from test_paramserver import Harness
+
+    h = Harness(rule="plain")
+    try:
+        h.start()
+        message = compression.encode(update(), LAYOUT)
+        frame = protocol.pack_header(MsgType.PUSH, TOKEN, len(message), t0=0) + message
+        errors, answered = [], []
+        stop = threading.Event()
+
+        def push_forever(worker):
+            try:
+                c = h.client(worker=worker)
+                c.pull()
+                header, _ = c.model()
+                while not stop.is_set():
+                    c.push(update(), t0=header.t0)
+                    header, _ = c.model()
+                    answered.append(header.t0)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        def die_mid_frame(worker, times):
+            rng = random.Random(worker)
+            try:
+                for _ in range(times):
+                    c = h.client(worker=worker)
+                    c.pull()
+                    c.model()
+                    c.sock.sendall(frame[: rng.randrange(1, len(frame))])
+                    c.close()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        pushers = [threading.Thread(target=push_forever, args=(w,)) for w in range(8)]
+        dying = [threading.Thread(target=die_mid_frame, args=(100 + w, 10)) for w in range(8)]
+        for t in pushers + dying:
+            t.start()
+        for t in dying:
+            t.join(30)
+        stop.set()
+        for t in pushers:
+            t.join(30)
+        assert not errors, errors
+        _wait_for(lambda: h.server.rejections["partial_frame"] == 80, 10)
+        assert set(h.server.rejections) == {"partial_frame"}
+        assert h.server.version == len(answered)  # every push answered was applied, once
+    finally:
+        h.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Cut-off traces
+
+
+def _write_cut_run(run: Path) -> dict[str, int]:
+    """A run directory killed mid-write: each stream's last line cut off; returns complete rows per stream."""
+    run.mkdir()
+    rows = {
+        "events": [{"ts": 0.1 * i, "source": "controller", "kind": "fault", "action": "crash", "target": "worker-1"} for i in range(5)]
+        + [{"ts": 0.0, "source": "controller", "kind": "training_started", "boot_s": 0.0}],
+        "updates": [{"ts": 1.0 + i, "t": i + 1, "worker": i % 2, "t0": i, "staleness": 0, "bytes": 100, "entries": 3,
+                     "scale": 1.0, "decode_us": 5, "apply_us": 7} for i in range(7)],
+        "accuracy": [{"ts": 2.0 * i, "version": i, "accuracy": 0.1 * i, "loss": 2.0 - i / 10, "final": False, "model_ts": 2.0 * i}
+                     for i in range(4)],
+        "traffic": [{"ts": float(i), "worker": 0, "ingress_bytes": 1000, "pushes": 2, "egress_bytes": 9000} for i in range(3)],
+        "steps": [{"ts": float(i), "worker": 1, "steps": 5, "loss": 1.0} for i in range(3)],
+    }
+    for stream, records in rows.items():
+        text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+        cut = json.dumps(records[-1], separators=(",", ":"))
+        with open(run / f"{stream}.jsonl", "w") as fh:
+            fh.write(text + cut[: len(cut) // 2])  # the kill came halfway through a line
+    return {stream: len(records) for stream, records in rows.items()}
+
+
+def test_cut_off_last_lines_are_skipped_with_a_warning(tmp_path):
+    run = tmp_path / "killed"
+    complete = _write_cut_run(run)
+    for stream, count in complete.items():
+        with pytest.warns(UserWarning, match="last line is incomplete") as caught:
+            records = read_jsonl(run / f"{stream}.jsonl")
+        assert len(caught) == 1
+        assert len(records) == count and all(isinstance(r, dict) for r in records)
+    # A line spoiled in the middle is skipped too, and said so with its line number.
+    path = run / "traffic.jsonl"
+    lines = path.read_text().split("\n")
+    path.write_text("\n".join([lines[0], '{"ts": 1, "wor\x00\x00', *lines[1:]]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records = read_jsonl(path)
+    assert len(records) == complete["traffic"]
+    assert sorted(str(w.message).split(": ", 1)[1] for w in caught) == [
+        "last line is incomplete (run interrupted?); skipped", "not valid JSON; skipped"]
+    path.write_bytes(b'{"ts": 1}\n\xff\xfe{"ts"\n{"ts": 2}\n')  # not even UTF-8
+    with pytest.warns(UserWarning, match=":2: not valid JSON"):
+        assert read_jsonl(path) == [{"ts": 1}, {"ts": 2}]
+
+
+def test_analysis_loaders_read_a_killed_run(tmp_path):
+    runs = pytest.importorskip("analysis.runs")
+    run = tmp_path / "killed"
+    complete = _write_cut_run(run)
+    for stream, loader in (("updates", runs.load_updates), ("accuracy", runs.load_accuracy), ("events", runs.load_events),
+                           ("traffic", runs.load_traffic), ("steps", runs.load_steps)):
+        with pytest.warns(UserWarning, match="last line is incomplete"):
+            frame = loader(run)
+        assert len(frame) == complete[stream], stream
+        assert frame["time_s"].notna().all()
+    with pytest.warns(UserWarning):
+        updates = runs.load_updates(run)
+    assert updates["t"].tolist() == list(range(1, 8)) and updates["cum_bytes"].iloc[-1] == 700
+
+
+# ---------------------------------------------------------------------------------------
+# Docker: kill the controller at random instants, clean, twenty times
+
+CHAOS_CYCLES = int(os.environ.get("EMU_CHAOS_CYCLES", 20))
+CHAOS_SEED = 6
+CHAOS_SCENARIO = """\
+# Small and shaped: every device gets an htb class and a netem leaf, so a kill leaves qdiscs to find.
+name: chaos
+seed: 5
+model: mlp
+dataset: {name: digits, partition: iid}
+training: {batch_size: 10, learning_rate: 0.1, duration: 120s, eval_every: 10s}
+method: {name: adacomp, c: 0.05}
+server: {cpus: 0.5, uplink: 50mbit, downlink: 50mbit}
+evaluator: {cpus: 0.25}
+workers:
+  - {count: 2, cpus: 0.25, uplink: 8mbit, downlink: 16mbit, delay: 5ms, loss: 0.1%}
+"""
+DEVICES = 4  # server, evaluator, two workers
+
+
+def _emulate(*args: str) -> list[str]:
+    return [sys.executable, "-m", "emulator.cli", *args]
+
+
+def _containers(docker_client, run_id: str | None = None) -> list[dict]:
+    """Labelled containers as the daemon lists them (no inspect: they come and go meanwhile)."""
+    label = f"edge-emulator.control.run={run_id}" if run_id else "edge-emulator"
+    return docker_client.api.containers(all=True, filters={"label": label})
+
+
+def _networks(docker_client, run_id: str) -> list[dict]:
+    return docker_client.api.networks(filters={"label": f"edge-emulator.control.run={run_id}"})
+
+
+def _host_leftovers(foreign_runs: bool) -> list[str]:
+    """What a run may have left on the host: qdiscs (only where no other run is live), probe links, chains."""
+    found = []
+    qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True, check=True).stdout.splitlines()
+    for line in qdiscs:
+        if ("htb" in line.split()[1:2] or "netem" in line.split()[1:2]) and not (foreign_runs and " dev veth" in line):
+            found.append(f"qdisc: {line}")
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    found += [f"link: {line[:80]}" for line in links.splitlines() if "emuprobe" in line]
+    chains = subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True, check=True).stdout
+    found += [f"iptables: {line}" for line in chains.splitlines() if "EMU-" in line]
+    return found
+
+
+def _check_streams(run: Path) -> tuple[int, int]:
+    """Every stream reads; at most its last line is cut off (and said so). Returns (lines read, lines cut)."""
+    total = cut = 0
+    for path in sorted(run.glob("*.jsonl")):
+        assert path.stem in STREAMS, path
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            records = read_jsonl(path)
+        messages = [str(w.message) for w in caught]
+        assert len(messages) <= 1 and all("last line is incomplete" in m for m in messages), (path, messages)
+        lines = path.read_text().split("\n")
+        assert len(records) == len([line for line in lines if line.strip()]) - len(messages)
+        assert all(isinstance(r, dict) and "ts" in r for r in records), path
+        total += len(records)
+        cut += len(messages)
+    return total, cut
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_kill_and_clean_twenty_times_leaves_nothing_behind(docker_client, runtime_image, tmp_path):
+    rng = random.Random(CHAOS_SEED)
+    scenario = tmp_path / "chaos.yaml"
+    scenario.write_text(CHAOS_SCENARIO)
+    out = tmp_path / "runs"
+    tag = secrets.token_hex(2)
+    started = time.monotonic()
+    cycles = []
+    for cycle in range(CHAOS_CYCLES):
+        run_id = f"chaos-{tag}-{cycle:02d}"
+        log = open(tmp_path / f"{run_id}.log", "w")
+        t0 = time.monotonic()
+        proc = subprocess.Popen(_emulate("run", str(scenario), "--backend", "docker", "--out", str(out), "--run-id", run_id,
+                                         "--no-fidelity", "--quiet"), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while len(_containers(docker_client, run_id)) < DEVICES:
+                assert proc.poll() is None, f"the controller exited early: {(tmp_path / f'{run_id}.log').read_text()[-3000:]}"
+                assert time.monotonic() < deadline, "the containers never appeared"
+                time.sleep(0.1)
+            appeared = time.monotonic() - t0
+            delay = rng.uniform(0.5, 5.0)
+            time.sleep(delay)
+        finally:  # also when the test fails: nothing of it may outlive it
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+            log.close()
+            clean = subprocess.run(_emulate("clean", "--run", run_id), cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert clean.returncode == 0, clean.stdout + clean.stderr
+        assert "still there" not in clean.stdout + clean.stderr, clean.stdout + clean.stderr
+        assert not _containers(docker_client, run_id) and not _networks(docker_client, run_id), (cycle, clean.stdout)
+        lines, cut = _check_streams(out / run_id)
+        cycles.append({"cycle": cycle, "containers_after_s": round(appeared, 2), "killed_after_s": round(delay, 2),
+                       "lines": lines, "cut": cut, "seconds": round(time.monotonic() - t0, 1)})
+    total = time.monotonic() - started
+    foreign = [c["Id"] for c in _containers(docker_client) if not c["Labels"].get("edge-emulator.control.run", "").startswith(f"chaos-{tag}-")]
+    assert _host_leftovers(bool(foreign)) == []
+    print(f"\nchaos: {len(cycles)} kill/clean cycles in {total:.0f} s "
+          f"(containers after {np.mean([c['containers_after_s'] for c in cycles]):.1f} s on average, "
+          f"killed {min(c['killed_after_s'] for c in cycles):.1f}-{max(c['killed_after_s'] for c in cycles):.1f} s later, "
+          f"{sum(c['lines'] for c in cycles)} trace lines read back, {sum(c['cut'] for c in cycles)} cut-off last lines skipped)" + (f"; other runs live: {len(foreign)}" if foreign else ""))
+    assert len(cycles) == CHAOS_CYCLES
