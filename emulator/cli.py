@@ -32,7 +32,8 @@ from emulator.control.rundir import RunIdError, check_run_id
 from emulator.control.run import RunFailed, run_scenario
 from emulator.planning.scenario import ScenarioError, json_schema, load_scenario
 from emulator.experiments.sweep import Sweep, SweepError, default_directory, run_sweep
-from emulator.planning.units import format_bytes, format_rate
+from emulator.planning import tracegen
+from emulator.planning.units import format_bytes, format_rate, parse_duration, parse_rate
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -341,6 +342,64 @@ def report(path, per_run):
     except FileNotFoundError as exc:
         _fail(str(exc))
     click.echo(f"report: {out / 'report.html'} (and report.md, figures beside it)")
+
+
+@main.group("traces")
+def traces_group():
+    """Trace files for a worker group's traces: block (docs/TRACES.md): convert published ones, generate synthetic ones."""
+
+
+@traces_group.command("convert")
+@click.option("--from", "source", required=True, type=click.Choice(tracegen.CONVERTERS), help="The published format of IN.")
+@click.argument("infile", metavar="IN", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--downlink", type=click.Path(dir_okay=False), help="mahimahi: the downlink trace (IN is the uplink).")
+@click.option("--window", default=None, help="mahimahi: the window each rate is taken over [default: 1s].")
+@click.option("--min-rate", default=None, help="mahimahi: the rate of a window without deliveries [default: 10kbit].")
+@click.option("--sample", type=click.IntRange(1), default=None, help="fedscale-*: keep this many clients, drawn with --seed.")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--length", default=None, help="plato: when the last state ends [default: the latest time in IN].")
+def traces_convert(source, infile, out, downlink, window, min_rate, sample, seed, length):
+    """Convert IN, in a published format, to OUT (.csv or .jsonl) in this project's format."""
+    given = {"--downlink": downlink, "--window": window, "--min-rate": min_rate, "--sample": sample, "--length": length}
+    fits = {"mahimahi": ("--downlink", "--window", "--min-rate"), "plato": ("--length",)}.get(source, ("--sample",))
+    wrong = [name for name, value in given.items() if value is not None and name not in fits]
+    if wrong:
+        _fail(f"{wrong[0]} does not apply to --from {source}")
+    try:
+        options = {"mahimahi": lambda: {"downlink": downlink, "window_s": parse_duration(window or "1s"),
+                                        "min_rate_bps": parse_rate(min_rate or "10kbit")},
+                   "plato": lambda: {"length_s": parse_duration(length) if length else None}}.get(
+            source, lambda: {"sample": sample, "seed": seed})()
+        result = tracegen.convert(source, infile, out, **options)
+    except ValueError as exc:  # TraceError names the file, line and field
+        _fail(str(exc))
+    click.echo(f"{out}: " + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()))
+
+
+@traces_group.command("generate")
+@click.argument("kind", type=click.Choice(tracegen.GENERATORS))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--devices", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--duration", default="10min", show_default=True, help="Trace time covered.")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--window", default="2s", show_default=True, help="link, compute, mahimahi: one value per window.")
+@click.option("--availability", type=click.FloatRange(0, 1, min_open=True), default=0.7, show_default=True,
+              help="availability: the expected share of time online.")
+@click.option("--mean-online", default="2min", show_default=True, help="availability: mean online spell.")
+@click.option("--up", default="2mbit", show_default=True, help="link, population, mahimahi: median uplink rate.")
+@click.option("--down", default="10mbit", show_default=True, help="link, population: median downlink rate.")
+@click.option("--spread", type=click.FloatRange(0), default=0.4, show_default=True, help="std of log values.")
+@click.option("--shared", is_flag=True, help="link, compute: one series for every device (no device column).")
+def traces_generate(kind, out, devices, duration, seed, window, availability, mean_online, up, down, spread, shared):
+    """Write a synthetic KIND trace to OUT from a seed (same arguments, same bytes)."""
+    try:
+        options = tracegen.parse_options(duration, window, up, down, mean_online)
+        result = tracegen.generate(kind, out, devices=devices, seed=seed, availability=availability, spread=spread,
+                                   shared=shared, **options)
+    except ValueError as exc:
+        _fail(str(exc))
+    click.echo(f"{out}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()))
 
 
 @main.command()

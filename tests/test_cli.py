@@ -374,7 +374,9 @@ FULL_BASE = {"name": "t", "training": {"duration": 60, "eval_every": {"seconds":
                         "triggers": [{"worker": 0, "after_pushes": 1}]}}
 BASES = [MINIMAL, FULL_BASE,
          {**FULL_BASE, "faults": {"at": [{"time": 1, "link": {"delay": "10ms"}}]}},
-         {**FULL_BASE, "faults": {"at": [{"time": 1, "crash": 0}]}}]
+         {**FULL_BASE, "faults": {"at": [{"time": 1, "crash": 0}]}},
+         *({**MINIMAL, "workers": [{"traces": {kind: str(Path(__file__).resolve().parents[1] / "scenarios" / "traces" / name)}}]}
+           for kind, name in (("availability", "phones-availability.csv"), ("population", "population.csv")))]
 
 
 def schema_defaults(schema: dict, node: dict, path: tuple = (), needs: tuple = ()):

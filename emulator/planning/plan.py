@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from emulator import datasets
-from emulator.planning import methods
+from emulator.planning import methods, traces
 from emulator.planning.scenario import BOUNDS, Problem, Scenario, ScenarioError, TimedEvent, resolve_targets
 
 DEFAULT_HORIZON_S = 3600.0
@@ -51,7 +51,7 @@ class EventPlan:
     action: str  # crash | restart | pause | resume | partition | heal | cpus | link | stop
     target: str  # device name
     params: dict = field(default_factory=dict)
-    source: str = "schedule"  # schedule | random
+    source: str = "schedule"  # schedule | random | trace
 
 
 @dataclass(frozen=True)
@@ -292,7 +292,7 @@ def _check_and_merge(
         kept.append(down)
         if up is not None:
             kept.append(up)
-    order = {"schedule": 0, "random": 1}
+    order = {"schedule": 0, "trace": 0, "random": 1}
     return sorted(kept, key=lambda e: (e.time_s, order[e.source]))
 
 
@@ -302,7 +302,9 @@ def make_plan(s: Scenario) -> Plan:
     method = methods.resolve(s.method)
     workers = _workers(s, problems)
     horizon = s.faults.horizon or s.training.duration or DEFAULT_HORIZON_S
-    scheduled = _scheduled(s, workers)
+    traced = traces.expand(s, workers, horizon, lambda targets: resolve_targets(targets, s))  # the same events as faults
+    workers, problems = traced.workers, problems + traced.problems
+    scheduled = _scheduled(s, workers) + [(EventPlan(t, a, name, p, "trace"), path) for t, a, name, p, path in traced.events]
     for event, path in scheduled:
         if s.training.duration and event.time_s > s.training.duration:
             problems.append(Problem(path, f"{event.action} at {event.time_s:g}s, after the run ends ({s.training.duration:g}s)"))

@@ -37,6 +37,7 @@ from emulator import datasets
 from emulator.planning import units
 from emulator.planning.methods import check_method
 from emulator.planning.problems import Problem, ScenarioError, field_names, format_path, model_at, problems_from
+from emulator.planning.traces import GroupTraces, validation_context
 from emulator.runtime import models
 from emulator.runtime.downlink import PULL_MODES
 
@@ -483,6 +484,7 @@ class WorkerGroup(Strict):
     delay: DelayDist = Fixed(0.0)
     jitter: DelayDist = Fixed(0.0)
     loss: LossDist = Fixed(0.0)
+    traces: GroupTraces | None = Field(None, description="availability, link, compute, population from files (docs/TRACES.md)")
 
     @field_validator("name")
     @classmethod
@@ -678,7 +680,7 @@ def parse_yaml(text: str, source: str = "") -> dict:
 def validate(data: dict, source: str = "") -> Scenario:
     """Raw mapping -> Scenario, every structural problem reported with its path."""
     try:
-        scenario = Scenario.model_validate(data)
+        scenario = Scenario.model_validate(data, context=validation_context(source))  # trace files: beside the scenario
     except ValidationError as exc:
         raise ScenarioError(problems_from(exc, root=Scenario), source) from None
     problems = check_method(scenario.method) + _check_names(scenario) + _check_targets(scenario)
