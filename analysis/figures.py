@@ -369,6 +369,62 @@ def link_utilisation(net: pd.DataFrame, faults: pd.DataFrame | None = None) -> F
     return fig
 
 
+MAX_TRACED_LINKS = 4  # workers drawn in the traced-links figure (the first ones)
+
+
+def traced_link_steps(plan: Mapping) -> dict[str, pd.DataFrame]:
+    """Per worker whose link a trace drives (``link`` events of source ``trace`` in ``plan.json``),
+    its configured rates over training time: ``time_s``, ``uplink_bps``, ``downlink_bps`` at time
+    zero and at each change."""
+    events = [e for e in plan.get("events", []) if e.get("source") == "trace" and e.get("action") == "link"]
+    out = {}
+    for worker in plan.get("workers", []):
+        mine = [e for e in events if e["target"] == worker["name"]]
+        if not mine:
+            continue
+        current = {"uplink_bps": worker["link"].get("uplink_bps"), "downlink_bps": worker["link"].get("downlink_bps")}
+        rows = [{"time_s": 0.0, **current}]
+        for event in sorted(mine, key=lambda e: e["time_s"]):
+            current = {**current, **{k: v for k, v in event["params"].items() if k in current}}
+            rows.append({"time_s": event["time_s"], **current})
+        out[worker["name"]] = pd.DataFrame(rows)
+    return out
+
+
+def traced_links(plan: Mapping, net: pd.DataFrame | None) -> Figure | None:
+    """Configured rate (the trace's steps, dashed) against the rate measured on the interface
+    (solid), uplink (top) and downlink (bottom), for the first traced workers; docker only."""
+    from analysis.runs import counter_rates
+
+    steps = traced_link_steps(plan)
+    if not steps or net is None or net.empty or net["rx_bytes"].notna().sum() == 0:
+        return None
+    rates = counter_rates(net.dropna(subset=["rx_bytes", "tx_bytes"]), "device", ("rx_bytes", "tx_bytes"))
+    rates = rates[rates["since_s"] >= -BOOT_MARGIN_S]
+    names = list(steps)[:MAX_TRACED_LINKS]
+    if rates[rates["device"].isin(names)].empty:
+        return None
+    end = max(rates["time_s"].max(), max(float(steps[n]["time_s"].max()) for n in names))
+    fig = Figure(figsize=(SIZE[0], SIZE[1] * 1.5), dpi=DPI, layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    for ax, key, column, what in ((top, "uplink_bps", "tx_bytes_rate", "uplink"), (bottom, "downlink_bps", "rx_bytes_rate", "downlink")):
+        ax.grid(True, alpha=0.3)
+        for i, name in enumerate(names):
+            step = steps[name].dropna(subset=[key])
+            if not step.empty:
+                ax.step([*step["time_s"], end], [*step[key], step[key].iloc[-1]], where="post", linestyle="--", color=f"C{i}",
+                        label=f"{name} configured")
+            mine = rates[rates["device"] == name]
+            ax.plot(mine["time_s"], mine[column] * 8, color=f"C{i}", label=f"{name} measured")
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel(f"{what} (bits/s)")
+        ax.yaxis.set_major_formatter(EngFormatter(unit="bit/s", places=1, sep=" "))
+    top.set_title("Traced links: configured rate against the rate measured on the interface")
+    bottom.set_xlabel("training time (s)")
+    _legend(top, len(top.get_legend_handles_labels()[0]))
+    return fig
+
+
 # -- repetitions -------------------------------------------------------------------------
 
 

@@ -212,6 +212,12 @@ def run_figures(run: Run, out: Path, skipped: list[str]) -> list[Block]:
     blocks += _figure_block(out, "link.png", figures.link_utilisation(run.net, run.faults),
                             "Links: bytes per second on each device's network interface.",
                             skipped, "no interface counters (net.jsonl is written by the docker backend only)")
+    if figures.traced_link_steps(run.plan):  # runs with link traces (docs/TRACES.md)
+        blocks += _figure_block(out, "traced_links.png", figures.traced_links(run.plan, run.net),
+                                "Traced links: each traced worker's configured rate (dashed: the trace's steps in the plan) and the "
+                                "rate measured on its interface (solid); a worker sends only when it has something to push, so "
+                                "the measured rate reaches the configured one while a push fills the link.",
+                                skipped, "no interface counters (net.jsonl is written by the docker backend only)")
     return blocks
 
 

@@ -189,13 +189,25 @@ def _burst_bytes(rate_bps: float) -> int:
 
 
 def shape_egress(ipr, index: int, *, rate_bps: float | None, delay_s: float, jitter_s: float, loss: float, features: KernelFeatures) -> None:
-    """Replace the root qdisc of one interface with what the link needs (nothing: plain default)."""
+    """Replace the root qdisc of one interface with what the link needs (nothing: plain default).
+
+    A change that keeps the qdiscs' shape (a new rate, delay or loss on a link that had them
+    already: a trace's or a fault's ``link`` event) changes them in place: replacing the root
+    qdisc would drop the packets queued in it, and the sender's TCP would stall on the losses
+    (a replayed trace lost up to a third of a 2.5 s window's rate so)."""
+    use_netem = features.netem and (delay_s or jitter_s or loss)
+    netem_args = {"delay": int(delay_s * 1e6), "jitter": int(jitter_s * 1e6), "loss": loss * 100, "limit": 100_000}
+    if rate_bps and features.htb and _ours(ipr, index) == {"htb": True, "netem": bool(use_netem)}:
+        burst = _burst_bytes(rate_bps)
+        ipr.tc("change-class", "htb", index, HTB_CLASS, parent=HTB_ROOT, rate=f"{int(rate_bps)}bit",
+               ceil=f"{int(rate_bps)}bit", burst=burst, cburst=burst)
+        if use_netem:
+            ipr.tc("change", "netem", index, NETEM_LEAF, parent=HTB_CLASS, **netem_args)
+        return
     try:
         ipr.tc("del", index=index, handle=0, parent=0xFFFFFFFF)
     except Exception:  # noqa: BLE001 - there was no root qdisc of ours
         pass
-    use_netem = features.netem and (delay_s or jitter_s or loss)
-    netem_args = {"delay": int(delay_s * 1e6), "jitter": int(jitter_s * 1e6), "loss": loss * 100, "limit": 100_000}
     if rate_bps and features.htb:
         ipr.tc("add", "htb", index, HTB_ROOT, default=0x10)
         burst = _burst_bytes(rate_bps)
@@ -207,6 +219,15 @@ def shape_egress(ipr, index: int, *, rate_bps: float | None, delay_s: float, jit
         ipr.tc("add", "tbf", index, HTB_ROOT, rate=f"{int(rate_bps)}bit", burst=_burst_bytes(rate_bps), latency=1_000_000)
     elif use_netem:
         ipr.tc("add", "netem", index, HTB_ROOT, **netem_args)
+
+
+def _ours(ipr, index: int) -> dict | None:
+    """Which of our qdiscs the interface has now ({"htb": root is our htb, "netem": our leaf under it})."""
+    try:
+        found = {(q.get_attr("TCA_KIND"), q["handle"]) for q in ipr.get_qdiscs(index=index)}
+    except Exception:  # noqa: BLE001 - cannot tell: replace it all
+        return None
+    return {"htb": ("htb", HTB_ROOT) in found, "netem": ("netem", NETEM_LEAF) in found}
 
 
 def peer_index(netns_path: str, ifname: str = "eth0") -> tuple[int, int]:
