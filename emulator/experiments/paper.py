@@ -30,6 +30,7 @@ from pathlib import Path
 
 
 from emulator.control.summary import flag
+from emulator.experiments.availability import availability_experiment
 
 from analysis import figures
 from analysis.runs import accuracy_with_ingress, load_collection, load_run, worker_shares
@@ -714,6 +715,7 @@ EXPERIMENTS = {
     "crash": _device_sweep("crash", "Device crashes", "crash.yaml", "faults.crash.rate_per_hour", "crash_rates", "crash_overrides"),
     "staleness": staleness_experiment,
     "two_way": two_way_experiment,
+    "availability": availability_experiment,
 }
 
 
