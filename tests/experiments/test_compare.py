@@ -320,7 +320,7 @@ def test_an_interrupted_comparison_reports_the_whole_pairs_it_has(tiny_scenario,
 
 def test_a_directory_holding_another_plan_is_refused(tiny_scenario, tmp_path, fake_emulation):
     from emulator.experiments.compare import compare
-    from emulator.planning.scenario import ScenarioError
+    from emulator.planning.problems import ScenarioError
 
     directory = tmp_path / "cmp"
     directory.mkdir()
