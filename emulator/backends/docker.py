@@ -21,6 +21,7 @@ from pathlib import Path
 
 from emulator.host import links, procstats
 from emulator.planning.plan import DevicePlan, LinkPlan
+from emulator.runtime.config import DeviceConfig
 from emulator.backends.base import Backend, Endpoints, RunContext
 from emulator.backends.subnets import free_subnet
 
@@ -108,11 +109,11 @@ class DockerBackend(Backend):
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _write_config(self, device: DevicePlan, config: dict) -> None:
+    def _write_config(self, device: DevicePlan, config: DeviceConfig) -> None:
         """Atomically replace the config file; the directory is bind-mounted read-only."""
         path = self._config_dir(device)
         tmp = path / ".config.json.tmp"
-        tmp.write_text(json.dumps(config))
+        tmp.write_text(json.dumps(config.to_json()))
         os.chmod(tmp, 0o644)
         os.replace(tmp, path / "config.json")
 
@@ -162,7 +163,7 @@ class DockerBackend(Backend):
         with self._lock:
             self._host_index.pop(device.name, None)
 
-    def start_many(self, items: list[tuple[DevicePlan, dict]]) -> None:
+    def start_many(self, items: list[tuple[DevicePlan, DeviceConfig]]) -> None:
         """Start devices in parallel (container creation is mostly waiting on the daemon).
 
         The server goes first: it has a fixed address that dynamic allocation must not take."""
