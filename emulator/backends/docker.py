@@ -11,6 +11,7 @@ run id; :func:`remove_labelled` finds and removes it after any crash.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import threading
@@ -45,6 +46,19 @@ def client(timeout: int = 120):
     return docker.from_env(timeout=timeout)
 
 
+def answering_client(timeout: int = 5):
+    """(a client whose daemon answered a ping, "") or (None, why not): the first checks of the
+    Docker and Swarm backends' ``available``."""
+    if importlib.util.find_spec("docker") is None:
+        return None, "the docker Python package is not installed"
+    try:
+        docker_client = client(timeout=timeout)
+        docker_client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means "not here"
+        return None, f"no Docker daemon answers ({type(exc).__name__})"
+    return docker_client, ""
+
+
 class DockerBackend(Backend):
     name = "docker"
 
@@ -62,14 +76,9 @@ class DockerBackend(Backend):
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        try:
-            import docker  # noqa: F401
-        except ImportError:
-            return False, "the docker Python package is not installed"
-        try:
-            client(timeout=5).ping()
-        except Exception as exc:  # noqa: BLE001 - any failure means "not here"
-            return False, f"no Docker daemon answers ({type(exc).__name__})"
+        docker_client, why = answering_client()
+        if docker_client is None:
+            return False, why
         if os.geteuid() != 0:
             return False, "shaping links in containers' namespaces needs root"
         return True, ""

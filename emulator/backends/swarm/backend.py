@@ -43,7 +43,7 @@ from emulator.planning.plan import DevicePlan, LinkPlan
 from emulator.backends.base import Backend, BackendUnavailable, Endpoints, RunContext
 from emulator.runtime.config import DeviceConfig
 from emulator.backends.docker import (CHECKPOINT_MOUNT, CPU_PERIOD_US, DATA_MOUNT, DEVICE_LABEL, DEVICE_UID, LABEL, MODULES, RUN_LABEL,
-                      SERVER_PORT, START_THREADS, client)
+                      SERVER_PORT, START_THREADS, answering_client, client)
 from emulator.backends.subnets import free_subnet
 from emulator.backends.swarm import agent as agent_wire
 from emulator.backends.swarm.cleanup import remove_swarm_labelled
@@ -120,15 +120,9 @@ class SwarmBackend(Backend):
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        try:
-            import docker  # noqa: F401
-        except ImportError:
-            return False, "the docker Python package is not installed"
-        try:
-            docker_client = client(timeout=5)
-            docker_client.ping()
-        except Exception as exc:  # noqa: BLE001 - any failure means "not here"
-            return False, f"no Docker daemon answers ({type(exc).__name__})"
+        docker_client, why = answering_client()
+        if docker_client is None:
+            return False, why
         ok, why = is_manager(docker_client)
         if not ok:
             return False, why
