@@ -30,7 +30,9 @@ from emulator.host import images as image_lib
 from emulator.planning.plan import check_dataset, make_plan
 from emulator.control.rundir import RunIdError, check_run_id
 from emulator.control.run import RunFailed, run_scenario
-from emulator.planning.scenario import ScenarioError, json_schema, load_scenario
+from emulator.planning.loader import load_scenario
+from emulator.planning.problems import ScenarioError
+from emulator.planning.scenario import json_schema
 from emulator.experiments.sweep import Sweep, SweepError, default_directory, run_sweep
 from emulator.planning import tracegen
 from emulator.planning.units import format_bytes, format_rate, parse_duration, parse_rate

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from emulator.cli import main
 from emulator.planning.plan import make_plan
-from emulator.planning.scenario import load_scenario
+from emulator.planning.loader import load_scenario
 
 HERE = Path(__file__).parent
 FULL = HERE / "scenarios" / "full.yaml"

@@ -35,7 +35,7 @@ from click.testing import CliRunner
 
 from emulator.cli import main
 from emulator.planning.plan import make_plan
-from emulator.planning.scenario import load_scenario
+from emulator.planning.loader import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

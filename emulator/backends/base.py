@@ -12,10 +12,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from emulator.runtime.config import LINK_FIELDS, DeviceConfig
+
 if TYPE_CHECKING:  # annotations only: the Swarm node agent imports this package without the controller's dependencies
     from emulator.planning.plan import DevicePlan, LinkPlan
-
-LINK_PROPERTIES = ("uplink", "downlink", "delay", "jitter", "loss")
 
 
 @dataclass(frozen=True)
@@ -62,26 +62,18 @@ class Backend(ABC):
         """Property -> mechanism realising it for this device: cpus and each link property."""
 
     def transport_link(self, device: DevicePlan, link: LinkPlan) -> dict:
-        """The link settings the device's own shaper must apply (those no kernel mechanism took)."""
+        """The link settings the device's own shaper must apply (those no kernel mechanism took),
+        keyed by :class:`~emulator.runtime.config.LinkConfig` field: a shape command's ``transport``."""
         mech = self.mechanisms(device)
-        out = {}
-        if mech.get("uplink", "").startswith("transport"):
-            out["uplink_bps"] = link.uplink_bps
-        if mech.get("downlink", "").startswith("transport"):
-            out["downlink_bps"] = link.downlink_bps
-        if mech.get("delay", "").startswith("transport"):
-            out["delay_s"] = link.delay_s
-        if mech.get("jitter", "").startswith("transport"):
-            out["jitter_s"] = link.jitter_s
-        return out
+        return {name: getattr(link, name) for prop, name in LINK_FIELDS.items() if mech.get(prop, "").startswith("transport")}
 
     @abstractmethod
-    def start(self, device: DevicePlan, config: dict) -> None:
+    def start(self, device: DevicePlan, config: DeviceConfig) -> None:
         """Start (or restart) the device's program, unthrottled: the controller applies the
         device's CPU quota with :meth:`set_cpus` once the program reports ready, so loading
         TensorFlow is not part of what is emulated."""
 
-    def start_many(self, items: list[tuple[DevicePlan, dict]]) -> None:
+    def start_many(self, items: list[tuple[DevicePlan, DeviceConfig]]) -> None:
         """Start several devices (backends that can, do it in parallel)."""
         for device, config in items:
             self.start(device, config)

@@ -11,6 +11,7 @@ run id; :func:`remove_labelled` finds and removes it after any crash.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import threading
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from emulator.host import links, procstats
 from emulator.planning.plan import DevicePlan, LinkPlan
+from emulator.runtime.config import DeviceConfig
 from emulator.backends.base import Backend, Endpoints, RunContext
 from emulator.backends.subnets import free_subnet
 
@@ -44,6 +46,19 @@ def client(timeout: int = 120):
     return docker.from_env(timeout=timeout)
 
 
+def answering_client(timeout: int = 5):
+    """(a client whose daemon answered a ping, "") or (None, why not): the first checks of the
+    Docker and Swarm backends' ``available``."""
+    if importlib.util.find_spec("docker") is None:
+        return None, "the docker Python package is not installed"
+    try:
+        docker_client = client(timeout=timeout)
+        docker_client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means "not here"
+        return None, f"no Docker daemon answers ({type(exc).__name__})"
+    return docker_client, ""
+
+
 class DockerBackend(Backend):
     name = "docker"
 
@@ -61,14 +76,9 @@ class DockerBackend(Backend):
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        try:
-            import docker  # noqa: F401
-        except ImportError:
-            return False, "the docker Python package is not installed"
-        try:
-            client(timeout=5).ping()
-        except Exception as exc:  # noqa: BLE001 - any failure means "not here"
-            return False, f"no Docker daemon answers ({type(exc).__name__})"
+        docker_client, why = answering_client()
+        if docker_client is None:
+            return False, why
         if os.geteuid() != 0:
             return False, "shaping links in containers' namespaces needs root"
         return True, ""
@@ -108,11 +118,11 @@ class DockerBackend(Backend):
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _write_config(self, device: DevicePlan, config: dict) -> None:
+    def _write_config(self, device: DevicePlan, config: DeviceConfig) -> None:
         """Atomically replace the config file; the directory is bind-mounted read-only."""
         path = self._config_dir(device)
         tmp = path / ".config.json.tmp"
-        tmp.write_text(json.dumps(config))
+        tmp.write_text(json.dumps(config.to_json()))
         os.chmod(tmp, 0o644)
         os.replace(tmp, path / "config.json")
 
@@ -162,7 +172,7 @@ class DockerBackend(Backend):
         with self._lock:
             self._host_index.pop(device.name, None)
 
-    def start_many(self, items: list[tuple[DevicePlan, dict]]) -> None:
+    def start_many(self, items: list[tuple[DevicePlan, DeviceConfig]]) -> None:
         """Start devices in parallel (container creation is mostly waiting on the daemon).
 
         The server goes first: it has a fixed address that dynamic allocation must not take."""

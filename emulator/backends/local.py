@@ -149,11 +149,11 @@ class LocalBackend(Backend):
             group.set_cpus(None)  # boot unthrottled; the controller applies the quota once ready
         log_path = Path(self.ctx.run_dir) / "logs" / f"{device.name}.log"
         if self.zygote is not None:
-            pid = self.zygote.spawn(device.role, config, str(log_path), str(group.path / "cgroup.procs") if group else None)
+            pid = self.zygote.spawn(device.role, config.to_json(), str(log_path), str(group.path / "cgroup.procs") if group else None)
             self.procs[device.name] = DeviceProcess(pid)
             return
         env = self._env()
-        env["EMU_CONFIG"] = json.dumps(config)
+        env["EMU_CONFIG"] = json.dumps(config.to_json())
         log = self._logs.get(device.name) or open(log_path, "ab")
         self._logs[device.name] = log
 

@@ -26,10 +26,13 @@ from emulator.control import fidelity
 from emulator.backends import Backend, Endpoints, RunContext
 from emulator.control.collector import Collector
 from emulator.control.faults import Devices, FaultInjector
+from emulator.planning.methods import ResolvedMethod
 from emulator.planning.plan import DevicePlan, Plan
 from emulator.control.rundir import RunDirectory, read_jsonl
 from emulator.control.runstate import LiveState, Progress
 from emulator.runtime import models
+from emulator.runtime.config import (CheckpointConfig, DeviceConfig, EvaluatorConfig, LinkConfig, MethodConfig, PullConfig,
+                                     ServerConfig, WireConfig, WorkerConfig)
 from emulator.control.summary import RunFacts, summarize
 from emulator.planning.units import format_duration
 
@@ -96,35 +99,56 @@ class Emulation:
         else:
             self.rundir.append("events", [record])
 
-    def _config(self, device: DevicePlan) -> dict:
-        """The JSON document a device program reads at start."""
-        ep = self.endpoints
-        incarnation = self.devices.incarnation.get(device.name, 0)
-        cfg = {
-            "name": device.name, "role": device.role, "token": self.token.hex(), "start_time": self.start_time,
-            "seed": (device.seed + 7919 * incarnation) & 0x7FFFFFFF, "cpus": self.devices.cpus[device.name],
-            "collector": [ep.collector_host, self.collector.address[1]], "ps": list(ep.server_address),
-            "transport": self.backend.transport_link(device, self.devices.links[device.name]),
-            "model": self.plan.model, "classes": self.shards.classes,
-        }
+    def _config(self, device: DevicePlan) -> DeviceConfig:
+        """The configuration a device program reads at start (its role's class in :mod:`emulator.runtime.config`)."""
+        ep, plan = self.endpoints, self.plan
+        common = {"name": device.name, "token": self.token.hex(), "start_time": self.start_time,
+                  "collector": (ep.collector_host, self.collector.address[1])}
+        transport = LinkConfig(**self.backend.transport_link(device, self.devices.links[device.name]))
         if device.role == "server":
-            cfg.update(bind=list(ep.server_bind), layout=self.layout.to_json(), rule=self.plan.method.rule,
-                       learning_rate=self.plan.training["learning_rate"], max_updates=self.plan.training["max_updates"],
-                       seed=self.plan.seed)
-            ckpt = self.plan.checkpoint
-            if ckpt.get("enabled"):
-                cfg["checkpoint"] = {"dir": ep.checkpoint_dir, "every_updates": ckpt.get("every_updates"), "every_s": ckpt.get("every")}
-        elif device.role == "worker":
-            cfg.update(worker=device.index, incarnation=incarnation, shard=f"{ep.data_dir}/{Path(self.shards.shards[device.index]).name}",
-                       batch_size=self.plan.training["batch_size"], method=self.plan.method.to_json())
-        else:
-            cfg.update(test_set=f"{ep.data_dir}/{Path(self.shards.test_set).name}", eval_every=self.plan.training["eval_every"])
-        return cfg
+            ckpt = plan.checkpoint
+            checkpoint = CheckpointConfig(dir=ep.checkpoint_dir, every_updates=ckpt.get("every_updates"),
+                                          every_s=ckpt.get("every")) if ckpt.get("enabled") else None
+            return ServerConfig(**common, seed=plan.seed, bind=tuple(ep.server_bind), layout=self.layout.to_json(),
+                                rule=plan.method.rule, learning_rate=plan.training["learning_rate"],
+                                max_updates=plan.training["max_updates"], transport=transport, checkpoint=checkpoint)
+        client = {**common, "ps": tuple(ep.server_address), "cpus": self.devices.cpus[device.name], "model": plan.model,
+                  "classes": self.shards.classes}
+        if device.role == "worker":
+            incarnation = self.devices.incarnation.get(device.name, 0)
+            return WorkerConfig(**client, worker=device.index, incarnation=incarnation,
+                                seed=(device.seed + 7919 * incarnation) & 0x7FFFFFFF,
+                                shard=f"{ep.data_dir}/{Path(self.shards.shards[device.index]).name}",
+                                batch_size=plan.training["batch_size"], method=method_config(plan.method), transport=transport)
+        every = plan.training["eval_every"]
+        return EvaluatorConfig(**client, test_set=f"{ep.data_dir}/{Path(self.shards.test_set).name}",
+                               eval_every_s=every.get("seconds"), eval_every_updates=every.get("updates"))
 
     def _send(self, device: str, command: dict) -> None:
         self.collector.send(device, command)  # through a method: the collector starts with the run
 
     # -- the run -------------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        """Everything before the devices start: the data shards, the model's layout, the backend's
+        network and endpoints, the collector."""
+        self.shards = datasets.prepare_shards(
+            self.plan.dataset["name"], len(self.plan.workers), partition_scheme=self.plan.dataset["partition"],
+            seed=self.plan.seed, path=self.plan.dataset.get("path"), classes_per_worker=self.plan.dataset.get("classes_per_worker"),
+            dirichlet_alpha=self.plan.dataset.get("dirichlet_alpha"), train_size=self.plan.dataset.get("train_size"),
+            test_size=self.plan.dataset.get("test_size"), cache_dir=cache_dir() / "data",
+        )
+        self.layout = models.get(self.plan.model).layout(self.shards.input_shape, self.shards.classes)
+        self.rundir.write_json("data.json", self.shards.to_json())
+        ctx = RunContext(self.rundir.run_id, str(self.rundir.path), self.shards.directory, self.start_time)
+        self.endpoints = self.backend.prepare(ctx, self.plan.devices)
+        self.collector = Collector(self.rundir, self.token, self.endpoints.collector_bind, clock=self.now).start()
+        self.collector.observe(self.state.observe)
+        self.rundir.write_json("mechanisms.json", {d.name: self.backend.mechanisms(d) for d in self.plan.devices})
+        self.event("run_started", run_id=self.rundir.run_id, backend=self.backend.name, dataset=self.shards.source,
+                   parameters=self.layout.total, workers=len(self.plan.workers))
+        self.say(f"run {self.rundir.run_id}: {len(self.plan.workers)} workers, method {self.plan.method.name}, "
+                 f"{self.shards.dataset} ({self.shards.source}), backend {self.backend.name}")
 
     def _start_devices(self) -> None:
         started = time.monotonic()
@@ -314,23 +338,7 @@ class Emulation:
             signal.signal(signal.SIGTERM, functools.partial(_raise_interrupt, os.getpid()))
         try:
             self.status = "preparing"
-            self.shards = datasets.prepare_shards(
-                self.plan.dataset["name"], len(self.plan.workers), partition_scheme=self.plan.dataset["partition"],
-                seed=self.plan.seed, path=self.plan.dataset.get("path"), classes_per_worker=self.plan.dataset.get("classes_per_worker"),
-                dirichlet_alpha=self.plan.dataset.get("dirichlet_alpha"), train_size=self.plan.dataset.get("train_size"),
-                test_size=self.plan.dataset.get("test_size"), cache_dir=cache_dir() / "data",
-            )
-            self.layout = models.get(self.plan.model).layout(self.shards.input_shape, self.shards.classes)
-            self.rundir.write_json("data.json", self.shards.to_json())
-            ctx = RunContext(self.rundir.run_id, str(self.rundir.path), self.shards.directory, self.start_time)
-            self.endpoints = self.backend.prepare(ctx, self.plan.devices)
-            self.collector = Collector(self.rundir, self.token, self.endpoints.collector_bind, clock=self.now).start()
-            self.collector.observe(self.state.observe)
-            self.rundir.write_json("mechanisms.json", {d.name: self.backend.mechanisms(d) for d in self.plan.devices})
-            self.event("run_started", run_id=self.rundir.run_id, backend=self.backend.name, dataset=self.shards.source,
-                       parameters=self.layout.total, workers=len(self.plan.workers))
-            self.say(f"run {self.rundir.run_id}: {len(self.plan.workers)} workers, method {self.plan.method.name}, "
-                     f"{self.shards.dataset} ({self.shards.source}), backend {self.backend.name}")
+            self._prepare()
             self.status = "booting"
             self._start_devices()
             self._boot()
@@ -387,6 +395,12 @@ class Emulation:
                          read_jsonl(self.rundir.path / "rejections.jsonl"), facts)
 
 
+def method_config(method: ResolvedMethod) -> MethodConfig:
+    """The workers' side of the planned method, as their configuration carries it."""
+    return MethodConfig(compressor=method.compressor, params=dict(method.params), error_feedback=method.error_feedback,
+                        wire=WireConfig(**method.wire), pull=PullConfig(**method.pull))
+
+
 def _raise_interrupt(controller_pid: int, signum, frame):
     """SIGTERM as Ctrl-C in the process that runs the emulation (it may itself be a child a sweep
     forked, so its pid is the one it had when the run started, not at import)."""
@@ -395,4 +409,4 @@ def _raise_interrupt(controller_pid: int, signum, frame):
     raise KeyboardInterrupt
 
 
-__all__ = ["Emulation", "FidelityError", "cache_dir"]
+__all__ = ["Emulation", "FidelityError", "cache_dir", "method_config"]

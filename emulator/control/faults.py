@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from emulator.backends import Backend
 from emulator.planning.plan import DevicePlan, EventPlan, LinkPlan, Plan
+from emulator.runtime.config import DeviceConfig
 
 
 @dataclass
@@ -42,7 +43,7 @@ class FaultInjector:
     """Applies faults to one run's devices: the timeline as training time passes, and the triggers
     (``after_pushes`` applied updates of a worker) with their undo after a delay."""
 
-    def __init__(self, plan: Plan, backend: Backend, devices: Devices, *, config: Callable[[DevicePlan], dict],
+    def __init__(self, plan: Plan, backend: Backend, devices: Devices, *, config: Callable[[DevicePlan], DeviceConfig],
                  send: Callable[[str, dict], None], record: Callable[..., None]):
         self.plan = plan
         self.backend = backend

@@ -32,7 +32,8 @@ from emulator.backends import Backend
 from emulator.planning.plan import check_dataset, make_plan
 from emulator.planning.problems import ScenarioError
 from emulator.control.rundir import RunDirectory, check_new
-from emulator.planning.scenario import Scenario, load_scenario
+from emulator.planning.loader import load_scenario
+from emulator.planning.scenario import Scenario
 
 
 @dataclass(frozen=True)

@@ -187,10 +187,13 @@ def _make(name: str, source: str, x_train, y_train, x_test, y_test) -> Dataset:
     return Dataset(name, x_train, y_train, x_test, y_test, classes, source)
 
 
-def _first_available(name: str, attempts: Sequence[tuple[str, Callable[[], Dataset]]], hint: str) -> Dataset:
-    """The first attempt that finds its files; corrupt files raise instead of being skipped.
+def _first_available(name: str, path: str | None, attempts: Sequence[tuple[str, Callable[[], Dataset]]], hint: str) -> Dataset:
+    """The first attempt that finds its files, ``dataset.path`` first when the scenario gives one;
+    corrupt files raise instead of being skipped.
 
     The error lists every place tried, each with why it failed, then what to install."""
+    if path is not None:
+        attempts = [(f"dataset.path {path}", lambda: _from_path(name, path)), *attempts]
     tried = []
     for place, attempt in attempts:
         try:
@@ -324,40 +327,34 @@ _MNIST_HINT = (
 @_dataset("mnist")
 def _load_mnist(path: str | None) -> Dataset:
     """Full MNIST (60k/10k) from local files first; download only as the last resort."""
-    attempts = []
-    if path is not None:
-        attempts.append((f"dataset.path {path}", lambda: _from_path("mnist", path)))
     keras_file = _keras_datasets_dir() / "mnist.npz"
     system_dir = data_root() / "mnist"
-    attempts += [
+    return _first_available("mnist", path, [
         (f"Keras cache {keras_file}", lambda: _from_keras_npz("mnist", keras_file)),
         (f"IDX files in {system_dir}", lambda: _from_idx_dir("mnist", system_dir)),
         ("download via keras.datasets.mnist", _download_mnist),
-    ]
-    return _first_available("mnist", attempts, _MNIST_HINT)
+    ], _MNIST_HINT)
 
 
 # --- fashion-mnist ------------------------------------------------------------------
 
 
+_FASHION_HINT = (
+    "To get it: apt-get install dataset-fashion-mnist (as root; make figures and make bench do it), "
+    "or set dataset.path to a directory with the four Fashion-MNIST IDX files. "
+    "Or use dataset 'mnist-5k' or 'digits' (shipped with the Python packages)."
+)
+
+
 @_dataset("fashion-mnist")
 def _load_fashion_mnist(path: str | None) -> Dataset:
     """Fashion-MNIST IDX files: the given path, the Debian package, or the Keras cache."""
-    attempts = []
-    if path is not None:
-        attempts.append((f"dataset.path {path}", lambda: _from_path("fashion-mnist", path)))
     keras_dir = _keras_datasets_dir() / "fashion-mnist"
     system_dir = data_root() / "fashion-mnist"
-    attempts += [
+    return _first_available("fashion-mnist", path, [
         (f"IDX files in {system_dir} (Debian package dataset-fashion-mnist)", lambda: _from_idx_dir("fashion-mnist", system_dir)),
         (f"IDX files in {keras_dir} (Keras cache)", lambda: _from_idx_dir("fashion-mnist", keras_dir)),
-    ]
-    hint = (
-        "To get it: apt-get install dataset-fashion-mnist (as root; make figures and make bench do it), "
-        "or set dataset.path to a directory with the four Fashion-MNIST IDX files. "
-        "Or use dataset 'mnist-5k' or 'digits' (shipped with the Python packages)."
-    )
-    return _first_available("fashion-mnist", attempts, hint)
+    ], _FASHION_HINT)
 
 
 # --- small datasets shipped with Python packages ------------------------------------

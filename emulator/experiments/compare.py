@@ -67,7 +67,9 @@ from emulator import backends  # backends.choose, the seam tests replace
 from emulator.planning.plan import Plan, make_plan
 from emulator.control.rundir import completed_summary, read_jsonl, set_aside, write_json_atomic
 from emulator.control.run import RunFailed, run_scenario
-from emulator.planning.scenario import Problem, Scenario, ScenarioError, load_scenario
+from emulator.planning.loader import load_scenario
+from emulator.planning.problems import Problem, ScenarioError
+from emulator.planning.scenario import Scenario
 from emulator.control.summary import FLAGGED, flag
 from emulator.experiments.sweep import SEED_STRIDE, repetition_seed
 

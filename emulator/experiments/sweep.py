@@ -2,7 +2,7 @@
 
 The grid uses ``--set``'s dotted paths and YAML values (``faults.crash.rate_per_hour=0,6,30``,
 ``workers[0].cpus=0.2,{uniform: [0.1, 0.3]}``): values are split at top-level commas (not inside
-brackets, braces or quotes) and each is applied with :func:`emulator.planning.scenario.apply_override`.
+brackets, braces or quotes) and each is applied with :func:`emulator.planning.overrides.apply_override`.
 
 Contract, in the order :func:`run_sweep` keeps it:
 
@@ -53,7 +53,9 @@ import yaml
 from emulator.planning.plan import check_dataset, make_plan
 from emulator.control.run import RunFailed, run_scenario
 from emulator.control.rundir import completed_summary, set_aside, write_json_atomic
-from emulator.planning.scenario import Scenario, ScenarioError, load_scenario
+from emulator.planning.loader import load_scenario
+from emulator.planning.problems import ScenarioError
+from emulator.planning.scenario import Scenario
 from emulator.planning.units import format_duration
 
 SEED_STRIDE = 2654435761  # odd (Knuth's multiplicative hash constant): r -> seed_r is one-to-one mod 2**32

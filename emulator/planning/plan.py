@@ -19,18 +19,13 @@ import numpy as np
 from emulator import datasets
 from emulator.planning import methods, traces
 from emulator.planning.scenario import BOUNDS, Problem, Scenario, ScenarioError, TimedEvent, resolve_targets
+from emulator.runtime.config import LINK_FIELDS, LINK_PROPERTIES, LinkConfig
 
 DEFAULT_HORIZON_S = 3600.0
 MAX_RANDOM_CRASHES = 100_000
 
 
-@dataclass(frozen=True)
-class LinkPlan:
-    uplink_bps: float | None = None  # device -> server; None: unshaped
-    downlink_bps: float | None = None  # server -> device
-    delay_s: float = 0.0  # one-way, each direction
-    jitter_s: float = 0.0
-    loss: float = 0.0  # fraction of packets dropped, each direction
+LinkPlan = LinkConfig  # a device's planned link is the link its program is configured with (emulator/runtime/config.py)
 
 
 @dataclass(frozen=True)
@@ -118,7 +113,7 @@ def _workers(s: Scenario, problems: list[Problem]) -> list[DevicePlan]:
     for g, group in enumerate(s.workers):
         rng = _stream(s.seed, 0, g)
         drawn = {}
-        for field_name in ("cpus", "uplink", "downlink", "delay", "jitter", "loss"):
+        for field_name in ("cpus", *LINK_PROPERTIES):
             dist = getattr(group, field_name)
             values = dist.sample(rng, group.count) if dist is not None else [None] * group.count
             check = BOUNDS[field_name]
@@ -133,10 +128,10 @@ def _workers(s: Scenario, problems: list[Problem]) -> list[DevicePlan]:
             drawn[field_name] = values
         for i in range(group.count):
             index = len(out)
-            link = LinkPlan(drawn["uplink"][i], drawn["downlink"][i], drawn["delay"][i], drawn["jitter"][i], drawn["loss"][i])
+            link = LinkPlan(**{LINK_FIELDS[prop]: drawn[prop][i] for prop in LINK_PROPERTIES})
             out.append(DevicePlan(
-                worker_name(index), "worker", index, group.name or f"group-{g}", round(drawn["cpus"][i], 6),
-                group.memory, link, _device_seed(s.seed, 2, index),
+                name=worker_name(index), role="worker", index=index, group=group.name or f"group-{g}",
+                cpus=round(drawn["cpus"][i], 6), memory_bytes=group.memory, link=link, seed=_device_seed(s.seed, 2, index),
             ))
     return out
 
@@ -194,7 +189,7 @@ def _change(event: TimedEvent) -> dict:
     """What a cpus or link event sets, keyed as the plan's fields (``cpus``, ``uplink_bps``...)."""
     if event.action == "cpus":
         return {"cpus": event.cpus}
-    return {f"{k}{_unit(k)}": v for k, v in event.link.model_dump().items() if v is not None}
+    return {LINK_FIELDS[prop]: v for prop, v in event.link.model_dump().items() if v is not None}
 
 
 def _values_before(s: Scenario, workers: list[DevicePlan]) -> dict[tuple[int, int], dict]:
@@ -232,10 +227,6 @@ def _expand(event: TimedEvent, name: str, before: dict) -> list[EventPlan]:
     if event.duration and action in _UNDO:
         events.append(EventPlan(t + event.duration, _UNDO[action], name))
     return events
-
-
-def _unit(key: str) -> str:
-    return {"uplink": "_bps", "downlink": "_bps", "delay": "_s", "jitter": "_s", "loss": ""}[key]
 
 
 # Which state an action needs, and the state it leaves: the process (up/down/paused) and,
@@ -312,10 +303,12 @@ def make_plan(s: Scenario) -> Plan:
     if problems:
         raise ScenarioError(list(dict.fromkeys(problems)))  # one line for an event on many workers
     server = DevicePlan(
-        "server", "server", -1, "server", s.server.cpus, s.server.memory,
-        LinkPlan(s.server.uplink, s.server.downlink, s.server.delay, 0.0, 0.0), _device_seed(s.seed, 0, 0),
+        name="server", role="server", index=-1, group="server", cpus=s.server.cpus, memory_bytes=s.server.memory,
+        link=LinkPlan(uplink_bps=s.server.uplink, downlink_bps=s.server.downlink, delay_s=s.server.delay),
+        seed=_device_seed(s.seed, 0, 0),
     )
-    evaluator = DevicePlan("evaluator", "evaluator", -1, "evaluator", s.evaluator.cpus, s.evaluator.memory, LinkPlan(), _device_seed(s.seed, 1, 0))
+    evaluator = DevicePlan(name="evaluator", role="evaluator", index=-1, group="evaluator", cpus=s.evaluator.cpus,
+                           memory_bytes=s.evaluator.memory, link=LinkPlan(), seed=_device_seed(s.seed, 1, 0))
     triggers = tuple(
         {"worker": worker_name(t.worker), "after_pushes": t.after_pushes, "action": t.action,
          "restart_after_s": t.restart_after, "for_s": t.duration}

@@ -1,29 +1,25 @@
-"""The scenario file: YAML validated into typed, immutable models, with errors that name the field.
+"""The scenario's schema: typed, immutable pydantic models, and the checks across fields.
 
 A scenario says what to emulate (devices, links, faults) and how to train (model, data,
-method). Quantities carry units as people write them (``2mbit``, ``30ms``, ``0.1%``);
-per-device values can be distributions. Unknown keys are errors everywhere. The
+method). Unknown keys are errors everywhere; a problem names its field
+(:mod:`emulator.planning.problems`). Per-device values are distributions
+(:mod:`emulator.planning.distributions`); reading a file with line numbers in its errors is
+:mod:`emulator.planning.loader`'s, ``--set`` is :mod:`emulator.planning.overrides`'. The
 :mod:`emulator.planning.plan` module turns a scenario into a concrete, seeded plan.
 """
 
 from __future__ import annotations
 
-import difflib
-import math
 import re
 import typing
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     PositiveFloat,
-    PlainSerializer,
     PositiveInt,
     ValidationError,
     WithJsonSchema,
@@ -35,228 +31,32 @@ from compression.delta import DELTA_VALUES
 
 from emulator import datasets
 from emulator.planning import units
+from emulator.planning.distributions import (
+    BOUNDS,  # noqa: F401 - emulator/planning/plan.py reads it from here (see __all__)
+    DISTRIBUTIONS,
+    Cpus,
+    DelayDist,
+    Duration,
+    Fixed,
+    Fraction,
+    LossDist,
+    PerDevice,
+    PositiveDuration,
+    Rate,
+    RateDist,
+    Size,
+    dump_distribution,
+)
 from emulator.planning.methods import check_method
-from emulator.planning.problems import Problem, ScenarioError, field_names, format_path, model_at, problems_from
+from emulator.planning.problems import Problem, ScenarioError, problems_from
 from emulator.planning.traces import GroupTraces, validation_context
 from emulator.runtime import models
 from emulator.runtime.downlink import PULL_MODES
 
-MAX_FILE_BYTES = 1 << 20
-MAX_EXPANDED_VALUES = 100_000
 MAX_WORKERS = 10_000
-MAX_DEPTH = 50
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-
-
-# -- distributions -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Fixed:
-    value: float
-
-    def sample(self, rng, count: int) -> list[float]:
-        return [self.value] * count
-
-
-@dataclass(frozen=True)
-class Uniform:
-    low: float
-    high: float
-
-    def sample(self, rng, count):
-        return [float(v) for v in rng.uniform(self.low, self.high, count)]
-
-
-@dataclass(frozen=True)
-class Normal:
-    mean: float
-    std: float
-    low: float | None = None
-    high: float | None = None
-
-    def sample(self, rng, count):
-        values = rng.normal(self.mean, self.std, count)
-        if self.low is not None or self.high is not None:
-            values = values.clip(self.low, self.high)
-        return [float(v) for v in values]
-
-
-@dataclass(frozen=True)
-class Choice:
-    values: tuple[float, ...]
-    weights: tuple[float, ...] | None = None
-
-    def sample(self, rng, count):
-        p = None
-        if self.weights:
-            total = sum(self.weights)
-            p = [w / total for w in self.weights]
-        picks = rng.choice(len(self.values), size=count, p=p)
-        return [self.values[int(i)] for i in picks]
-
-
-@dataclass(frozen=True)
-class PerDevice:
-    values: tuple[float, ...]
-
-    def sample(self, rng, count):
-        return list(self.values)
-
-
-Distribution = Union[Fixed, Uniform, Normal, Choice, PerDevice]
-
-_DIST_SCHEMA = {
-    "anyOf": [
-        {"type": ["number", "string"], "description": "one value for every device"},
-        {"type": "array", "description": "one value per device of the group"},
-        {"type": "object", "properties": {"uniform": {"type": "array", "minItems": 2, "maxItems": 2}}, "required": ["uniform"]},
-        {"type": "object", "properties": {"normal": {}, "clip": {"type": "array"}}, "required": ["normal"]},
-        {"type": "object", "properties": {"choice": {"type": "array"}, "weights": {"type": "array"}}, "required": ["choice"]},
-    ]
-}
-
-
-def _bounded(parse: Callable[[Any], float], *, gt: float | None = None, ge: float | None = None) -> Callable[[Any], float]:
-    def check(raw):
-        value = parse(raw)
-        if gt is not None and not value > gt:
-            raise ValueError(f"must be > {gt:g}, got {raw!r}")
-        if ge is not None and not value >= ge:
-            raise ValueError(f"must be >= {ge:g}, got {raw!r}")
-        return value
-
-    return check
-
-
-def _parse_distribution(parse: Callable[[Any], float], unit: Callable[[Any], float]) -> Callable[[Any], Distribution]:
-    """``parse`` reads one value with the field's bounds; ``unit`` reads a spread (std) in the same unit."""
-
-    def convert(raw):
-        if isinstance(raw, (Fixed, Uniform, Normal, Choice, PerDevice)):
-            return raw
-        if isinstance(raw, list):
-            if not raw:
-                raise ValueError("a per-device list needs at least one value")
-            return PerDevice(tuple(parse(v) for v in raw))
-        if not isinstance(raw, dict):
-            return Fixed(parse(raw))
-        keys = set(raw)
-        if "uniform" in keys:
-            _only(keys, {"uniform"})
-            low, high = (parse(v) for v in _pair(raw["uniform"], "uniform"))
-            if low > high:
-                raise ValueError(f"uniform: low {low:g} is above high {high:g}")
-            return Uniform(low, high)
-        if "normal" in keys:
-            _only(keys, {"normal", "clip"})
-            spec = raw["normal"]
-            if isinstance(spec, dict):
-                _only(set(spec), {"mean", "std"})
-                spec = [spec.get("mean"), spec.get("std")]
-            mean, std = _pair(spec, "normal")
-            mean, std = parse(mean), unit(std)
-            if std < 0:
-                raise ValueError("normal: std must be >= 0")
-            low = high = None
-            if "clip" in raw:
-                low, high = (parse(v) for v in _pair(raw["clip"], "clip"))
-                if low > high:
-                    raise ValueError(f"clip: low {low:g} is above high {high:g}")
-            return Normal(mean, std, low, high)
-        if "choice" in keys:
-            _only(keys, {"choice", "weights"})
-            values = raw["choice"]
-            if not isinstance(values, list) or not values:
-                raise ValueError("choice: needs a non-empty list of values")
-            weights = raw.get("weights")
-            if weights is not None:
-                if not isinstance(weights, list) or len(weights) != len(values):
-                    raise ValueError("choice: weights must be a list as long as the values")
-                if (any(isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0 for w in weights)
-                        or not 0 < sum(weights) < math.inf):
-                    raise ValueError("choice: weights must be non-negative numbers with a positive sum")
-                weights = tuple(float(w) for w in weights)
-            return Choice(tuple(parse(v) for v in values), weights)
-        raise ValueError(f"expected a value, a list, or one of uniform/normal/choice, got keys {sorted(keys)}")
-
-    return convert
-
-
-def _only(keys: set, allowed: set) -> None:
-    extra = keys - allowed
-    if extra:
-        raise ValueError(f"unexpected key(s) {sorted(extra)}; allowed here: {sorted(allowed)}")
-
-
-def _pair(value, what: str):
-    if not isinstance(value, (list, tuple)) or len(value) != 2:
-        raise ValueError(f"{what}: expected two values [a, b], got {value!r}")
-    return value
-
-
-def _dump_distribution(dist: Distribution):
-    """The scenario-file form (in base units), so that a dumped scenario loads again."""
-    if isinstance(dist, Fixed):
-        return dist.value
-    if isinstance(dist, PerDevice):
-        return list(dist.values)
-    if isinstance(dist, Uniform):
-        return {"uniform": [dist.low, dist.high]}
-    if isinstance(dist, Normal):
-        out: dict = {"normal": [dist.mean, dist.std]}
-        if dist.low is not None or dist.high is not None:
-            out["clip"] = [dist.low, dist.high]
-        return out
-    out = {"choice": list(dist.values)}
-    if dist.weights:
-        out["weights"] = list(dist.weights)
-    return out
-
-
-def distribution(parse: Callable[[Any], float], unit: Callable[[Any], float], description: str):
-    return Annotated[
-        Distribution,
-        BeforeValidator(_parse_distribution(parse, unit)),
-        PlainSerializer(_dump_distribution, when_used="json"),
-        WithJsonSchema({**_DIST_SCHEMA, "description": description}),
-    ]
-
-
-def quantity(parse: Callable[[Any], float], description: str, json_type=("number", "string")):
-    return Annotated[float, BeforeValidator(parse), WithJsonSchema({"type": list(json_type), "description": description})]
-
-
-def _number(raw) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-        raise ValueError(f"must be a number, got {raw!r}")
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"must be a number, got {raw!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"must be a finite number, got {raw!r}")
-    return value
-
-
-# Bounds every sampled value must meet; the planner checks draws against them too.
-BOUNDS: dict[str, Callable[[Any], float]] = {
-    "cpus": _bounded(_number, gt=0),
-    "uplink": _bounded(units.parse_rate, gt=0),
-    "downlink": _bounded(units.parse_rate, gt=0),
-    "delay": _bounded(units.parse_duration, ge=0),
-    "jitter": _bounded(units.parse_duration, ge=0),
-    "loss": units.parse_fraction,
-}
-Cpus = distribution(BOUNDS["cpus"], _number, "CPU cores of quota per device, e.g. 0.25")
-RateDist = distribution(BOUNDS["uplink"], units.parse_rate, "link rate, e.g. 2mbit (bits/s) or 125kbps (bytes/s)")
-DelayDist = distribution(BOUNDS["delay"], units.parse_duration, "one-way delay, e.g. 30ms")
-LossDist = distribution(BOUNDS["loss"], units.parse_fraction, "packet loss, e.g. 0.1% or 0.001")
-Rate = quantity(_bounded(units.parse_rate, gt=0), "link rate, e.g. 100mbit")
-Duration = quantity(_bounded(units.parse_duration, ge=0), "duration, e.g. 30s, 250ms, 2min")
-PositiveDuration = quantity(_bounded(units.parse_duration, gt=0), "duration, e.g. 30s, 2min")
-Size = Annotated[int, BeforeValidator(_bounded(units.parse_size, gt=0)), WithJsonSchema({"type": ["integer", "string"], "description": "bytes, e.g. 512m, 2g"})]
-Fraction = quantity(units.parse_fraction, "fraction, e.g. 0.1% or 0.001")
+RESERVED_TARGETS = {"all": "every worker", "server": "the parameter server"}
+SERVER_ACTIONS = ("crash", "restart")
 
 
 def _subset_size(raw):
@@ -309,6 +109,7 @@ Targets = Annotated[
     WithJsonSchema({"anyOf": [{"type": "integer"}, {"type": "array", "items": {"type": "integer"}}, {"type": "string"}],
                     "description": "worker index, list of indices, 'all', or a group name"}),
 ]
+
 
 
 # -- the scenario ------------------------------------------------------------------------
@@ -600,81 +401,7 @@ class Scenario(Strict):
         return sum(g.count for g in self.workers)
 
 
-# -- loading -----------------------------------------------------------------------------
-
-
-def _expanded_size(value, budget: int) -> int:
-    """Values after expanding YAML aliases, counting up to ``budget`` (defeats 'billion laughs')."""
-    stack, count = [value], 0
-    while stack:
-        item = stack.pop()
-        count += 1
-        if count > budget:
-            return count
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return count
-
-
-class _Loader(yaml.SafeLoader):
-    """Safe YAML that refuses a key given twice in one mapping (plain YAML keeps the last, silently)
-    and nesting deeper than :data:`MAX_DEPTH` (PyYAML's scanner slows down quadratically with depth,
-    and its composer recurses: a file of a million '[' must be refused at once)."""
-
-    _depth = 0
-
-    def compose_node(self, parent, index):
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
-                raise yaml.composer.ComposerError(
-                    None, None, f"nested more than {MAX_DEPTH} levels deep", self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-def _mapping_without_duplicates(loader: _Loader, node: yaml.MappingNode):
-    seen = set()
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue  # '<<: *defaults' may be overridden by the keys next to it
-        key = loader.construct_object(key_node)
-        try:
-            duplicate = key in seen
-            seen.add(key)
-        except TypeError:
-            continue  # unhashable: construct_mapping says so
-        if duplicate:
-            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
-    yield from loader.construct_yaml_map(node)
-
-
-_Loader.add_constructor("tag:yaml.org,2002:map", _mapping_without_duplicates)
-
-
-def parse_yaml(text: str, source: str = "") -> dict:
-    if len(text.encode()) > MAX_FILE_BYTES:
-        raise ScenarioError([Problem("", f"file larger than {MAX_FILE_BYTES // 1024} KiB")], source)
-    try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ScenarioError([Problem("", f"not valid YAML: {where}{problem}")], source) from None
-    except RecursionError:
-        raise ScenarioError([Problem("", "not valid YAML: nested too deeply")], source) from None
-    if data is None:
-        raise ScenarioError([Problem("", "the file is empty")], source)
-    if not isinstance(data, dict):
-        raise ScenarioError([Problem("", f"the top level must be a mapping of keys, got {type(data).__name__}")], source)
-    if _expanded_size(data, MAX_EXPANDED_VALUES) > MAX_EXPANDED_VALUES:
-        raise ScenarioError([Problem("", f"more than {MAX_EXPANDED_VALUES:,} values once YAML aliases are expanded")], source)
-    return data
+# -- checks across fields ----------------------------------------------------------------
 
 
 def validate(data: dict, source: str = "") -> Scenario:
@@ -722,10 +449,6 @@ def resolve_targets(targets, scenario: Scenario) -> list[int]:
     return sorted(set(targets))
 
 
-RESERVED_TARGETS = {"all": "every worker", "server": "the parameter server"}
-SERVER_ACTIONS = ("crash", "restart")
-
-
 def _check_targets(s: Scenario) -> list[Problem]:
     out = []
     for i, event in enumerate(s.faults.at):
@@ -749,106 +472,6 @@ def _check_targets(s: Scenario) -> list[Problem]:
     return out
 
 
-_INDEX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
-
-
-def apply_override(data: dict, assignment: str) -> None:
-    """Apply ``key.path[0].leaf=value`` (value parsed as YAML) to the raw mapping, in place."""
-    if "=" not in assignment:
-        raise ScenarioError([Problem("--set", f"expected key=value, got {assignment!r}")])
-    path, raw_value = assignment.split("=", 1)
-    try:
-        value = yaml.load(raw_value, Loader=_Loader) if raw_value.strip() else ""  # noqa: S506 - a SafeLoader
-    except (yaml.YAMLError, RecursionError):
-        value = raw_value
-    steps: list[str | int] = []
-    for piece in path.strip().split("."):
-        match = _INDEX.match(piece)
-        if not match:
-            raise ScenarioError([Problem("--set", f"cannot parse key path {path!r} at {piece!r}")])
-        steps.append(match.group(1))
-        steps.extend(int(i) for i in re.findall(r"\[(\d+)\]", match.group(2)))
-
-    def fail(message: str):
-        raise ScenarioError([Problem(f"--set {path}", message)])
-
-    def check_key(i: int) -> None:
-        model = model_at(tuple(steps[:i]), Scenario)
-        if model is None or model is MethodSpec and i == len(steps) - 1:
-            return  # free-form here (method parameters are checked by the compressor)
-        names = field_names(model)
-        if steps[i] not in names:
-            close = difflib.get_close_matches(str(steps[i]), names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f"; allowed: {', '.join(names)}"
-            fail(f"unknown key {format_path(tuple(steps[: i + 1]))!r}{hint}")
-
-    node: Any = data
-    for i, step in enumerate(steps):
-        parent = format_path(tuple(steps[:i]))
-        last = i == len(steps) - 1
-        if isinstance(step, int):
-            if not isinstance(node, list):
-                fail(f"{parent} is not a list")
-            if step >= len(node):
-                fail(f"index {step} is out of range: {parent} has {len(node)} item(s)")
-        else:
-            if not isinstance(node, dict):
-                fail(f"{parent} is not a mapping")
-            check_key(i)
-            if not last and node.get(step) is None:
-                # an optional section not in the file (or left empty)
-                node[step] = [] if isinstance(steps[i + 1], int) else {}
-        if last:
-            node[step] = value
-        else:
-            node = node[step]
-
-
-def _unshared(value):
-    """A copy in which no two places share one object, so that ``--set`` on a node that a YAML
-    alias repeats changes that place only. Iterative: the size was bounded by :func:`parse_yaml`."""
-    root: list = [None]
-    stack = [(value, root, 0)]
-    while stack:
-        item, parent, key = stack.pop()
-        if isinstance(item, dict):
-            parent[key] = copy = dict.fromkeys(item)  # keeps the order of the keys
-            stack.extend((v, copy, k) for k, v in item.items())
-        elif isinstance(item, list):
-            parent[key] = copy = [None] * len(item)
-            stack.extend((v, copy, i) for i, v in enumerate(item))
-        else:
-            parent[key] = item
-    return root[0]
-
-
-def load_scenario(path: str | Path, overrides: list[str] = ()) -> tuple[Scenario, dict]:
-    """Read, override and validate a scenario file; returns the model and the raw mapping used."""
-    source = str(path)
-    try:
-        with open(path, "rb") as handle:
-            blob = handle.read(MAX_FILE_BYTES + 1)  # bounded: /dev/zero or a huge file must not hang
-    except OSError as exc:
-        raise ScenarioError([Problem("", f"cannot read the file: {exc.strerror}")], source) from None
-    if len(blob) > MAX_FILE_BYTES:
-        raise ScenarioError([Problem("", f"file larger than {MAX_FILE_BYTES // 1024} KiB")], source)
-    try:
-        text = blob.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ScenarioError([Problem("", f"not UTF-8 text (byte {exc.start})")], source) from None
-    data = parse_yaml(text, source)
-    if overrides:
-        data = _unshared(data)
-    for assignment in overrides:
-        try:
-            apply_override(data, assignment)
-        except ScenarioError as exc:
-            raise ScenarioError(exc.problems, source) from None
-    if overrides and _expanded_size(data, MAX_EXPANDED_VALUES) > MAX_EXPANDED_VALUES:
-        raise ScenarioError([Problem("--set", f"more than {MAX_EXPANDED_VALUES:,} values once YAML aliases are expanded")], source)
-    return validate(data, source), data
-
-
 def json_schema() -> dict:
     """The scenario's JSON Schema; every default is written as a scenario file would write it
     (``cpus: 1.0``, not the :class:`Fixed` it becomes), so that it loads back."""
@@ -856,8 +479,15 @@ def json_schema() -> dict:
 
     class FileDefaults(GenerateJsonSchema):
         def encode_default(self, dft):
-            if isinstance(dft, typing.get_args(Distribution)):
-                return _dump_distribution(dft)
+            if isinstance(dft, DISTRIBUTIONS):
+                return dump_distribution(dft)
             return super().encode_default(dft)
 
     return Scenario.model_json_schema(by_alias=True, schema_generator=FileDefaults)
+
+
+# BOUNDS belongs to distributions; the plan still imports it with the schema.
+__all__ = ["ACTIONS", "BOUNDS", "MAX_WORKERS", "NAME_PATTERN", "RESERVED_TARGETS", "SERVER_ACTIONS", "CheckpointSpec",
+           "CrashProcess", "DatasetSpec", "EvalSchedule", "EvaluatorSpec", "FaultsSpec", "LinkChange", "MethodSpec",
+           "PullSpec", "Scenario", "ServerSpec", "SubsetSize", "Targets", "TimedEvent", "TrainingSpec", "Trigger",
+           "WireSpec", "WorkerGroup", "json_schema", "resolve_targets", "validate"]

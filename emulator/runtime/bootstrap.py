@@ -1,4 +1,4 @@
-"""What every device program does first: read its JSON config, open telemetry, handle SIGTERM."""
+"""What every device program does first: read its configuration (:mod:`.config`), open telemetry, handle SIGTERM."""
 
 from __future__ import annotations
 
@@ -9,33 +9,39 @@ import sys
 import traceback
 from typing import Callable
 
+from emulator.runtime.config import DeviceConfig
 from emulator.runtime.protocol import ProtocolError
 from emulator.runtime.telemetry import Telemetry
 
 CONFIG_ENV = "EMU_CONFIG"
 
 
-def load_config(argv: list[str] | None = None) -> dict:
-    """The config from a file named on the command line, else from ``$EMU_CONFIG``."""
+def load_config(kind: type[DeviceConfig] = DeviceConfig, argv: list[str] | None = None) -> DeviceConfig:
+    """The config (of ``kind``'s role) from a JSON file named on the command line, else from
+    ``$EMU_CONFIG``; a document that is not the contract ends the program with a message naming the key."""
     argv = sys.argv[1:] if argv is None else argv
     if argv:
-        with open(argv[0]) as fh:
-            return json.load(fh)
-    raw = os.environ.get(CONFIG_ENV)
-    if not raw:
-        sys.exit(f"no configuration: pass a JSON file or set {CONFIG_ENV}")
-    return json.loads(raw)
+        source = argv[0]
+        with open(source) as fh:
+            raw = fh.read()
+    else:
+        source, raw = f"${CONFIG_ENV}", os.environ.get(CONFIG_ENV)
+        if not raw:
+            sys.exit(f"no configuration: pass a JSON file or set {CONFIG_ENV}")
+    try:
+        return kind.from_json(json.loads(raw))
+    except ValueError as exc:  # a ConfigError, or not JSON at all
+        sys.exit(f"{source}: {exc}")
 
 
-def start(cfg: dict) -> Telemetry:
+def start(cfg: DeviceConfig) -> Telemetry:
     """Telemetry for this device, and SIGTERM turned into a clean exit (flushes traces)."""
 
     def _terminate(signum, frame):
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _terminate)
-    collector = cfg.get("collector")
-    return Telemetry(tuple(collector) if collector else None, bytes.fromhex(cfg["token"]), cfg["name"], cfg["start_time"])
+    return Telemetry(cfg.collector, bytes.fromhex(cfg.token), cfg.name, cfg.start_time)
 
 
 def limit_threads(cpus: float) -> int:
@@ -48,9 +54,9 @@ def limit_threads(cpus: float) -> int:
     return threads
 
 
-def run_device(run: Callable[[dict, Telemetry], int]) -> int:
+def run_device(run: Callable[[DeviceConfig, Telemetry], int], kind: type[DeviceConfig]) -> int:
     """Run a device program to its exit status; a network failure is an event, not a traceback."""
-    cfg = load_config()
+    cfg = load_config(kind)
     tel = start(cfg)
     code = 1
     try:

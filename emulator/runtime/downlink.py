@@ -30,36 +30,12 @@ import compression
 from compression import delta
 from compression.layout import Layout
 
+from emulator.runtime.config import PullConfig
 from emulator.runtime.protocol import Flag, ProtocolError
 
 BASE = struct.Struct("<Q")  # the version a delta starts from
 WHOLE = 2**64 - 1  # base of a delta whose every tensor is whole: it applies to any copy
 PULL_MODES = ("dense", "delta")
-
-
-@dataclass(frozen=True)
-class PullConfig:
-    """How a worker takes the model (the method's ``pull`` setting)."""
-
-    mode: str = "dense"  # dense | delta
-    values: str = "f32"  # delta values: f32 (lossless) | f16 | q8
-    every: int = 1  # pull once every this many pushes
-
-    def __post_init__(self):
-        if self.mode not in PULL_MODES:
-            raise ValueError(f"unknown pull mode {self.mode!r}; known: {', '.join(PULL_MODES)}")
-        delta.values_format(self.values)
-        if self.every < 1:
-            raise ValueError(f"pull every {self.every} pushes: must be at least 1")
-
-    @classmethod
-    def from_json(cls, data: dict | None) -> "PullConfig":
-        data = data or {}
-        return cls(str(data.get("mode", "dense")), str(data.get("values", "f32")), int(data.get("every", 1)))
-
-    def hello(self) -> dict:
-        """What the server needs to know, for the worker's HELLO."""
-        return {"mode": self.mode, "values": self.values}
 
 
 class ChangeLog:
@@ -143,8 +119,11 @@ def parse_hello(pull) -> Holding | None:
     if pull is None:
         return None
     try:
-        config = PullConfig.from_json(pull)
-    except (TypeError, ValueError, AttributeError) as exc:
+        config = PullConfig(**pull)  # a worker's PullConfig.hello(); a peer's word, so checked here
+        if config.mode not in PULL_MODES:
+            raise ValueError(f"unknown pull mode {config.mode!r}; known: {', '.join(PULL_MODES)}")
+        delta.values_format(config.values)
+    except (TypeError, ValueError) as exc:
         raise ProtocolError("bad_hello", f"pull {pull!r}: {exc}") from None
     return Holding(config.values) if config.mode == "delta" else None
 

@@ -4,7 +4,7 @@ It long-polls the server for the model (every ``seconds`` of wall time, or every
 applied), evaluates the whole test set, and reports ``(version, time, accuracy, loss)``.
 When the server says training is done it evaluates that final model, marks it final, exits.
 
-Run as ``python -m emulator.runtime.evaluator`` with the config in ``$EMU_CONFIG``.
+Run as ``python -m emulator.runtime.evaluator`` with its :class:`~.config.EvaluatorConfig` in ``$EMU_CONFIG``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 
 from emulator.runtime import protocol
 from emulator.runtime.bootstrap import limit_threads, run_device
+from emulator.runtime.config import EvaluatorConfig
 from emulator.runtime.data import load_shard
 from emulator.runtime.protocol import Flag, MsgType
 from emulator.runtime.transport import Channel, open_session
@@ -23,17 +24,17 @@ from emulator.runtime.transport import Channel, open_session
 NEVER = 2**62
 
 
-def run(cfg: dict, tel) -> int:
+def run(cfg: EvaluatorConfig, tel) -> int:
     from emulator.runtime.models import TFModel, get
 
-    threads = limit_threads(cfg.get("cpus", 1.0))
-    x, y = load_shard(cfg["test_set"])
-    model = TFModel(get(cfg["model"]), x.shape[1:], cfg["classes"], threads)
-    every = cfg["eval_every"]
+    threads = limit_threads(cfg.cpus)
+    x, y = load_shard(cfg.test_set)
+    model = TFModel(get(cfg.model), x.shape[1:], cfg.classes, threads)
+    every_updates, every_s = cfg.eval_every_updates, cfg.eval_every_s
 
     def join() -> Channel:
-        channel, _ = open_session(cfg["ps"], bytes.fromhex(cfg["token"]), {"role": "evaluator"},
-                                  max_body=model.layout.total * 4 + 4096, timeout_s=cfg.get("connect_timeout_s", 300))
+        channel, _ = open_session(cfg.ps, bytes.fromhex(cfg.token), {"role": "evaluator"},
+                                  max_body=model.layout.total * 4 + 4096, timeout_s=cfg.connect_timeout_s)
         return channel
 
     channel = join()
@@ -42,7 +43,7 @@ def run(cfg: dict, tel) -> int:
 
     target, next_tick = 0, None
     while True:
-        if "updates" in every:
+        if every_updates is not None:
             wait_ms, min_version = 600_000, target
         else:
             wait_ms = 0 if next_tick is None else max(0, int((next_tick - time.monotonic()) * 1000))
@@ -68,16 +69,16 @@ def run(cfg: dict, tel) -> int:
         )
         if final:
             break
-        if "updates" in every:
-            target = (header.t0 // every["updates"] + 1) * every["updates"]
+        if every_updates is not None:
+            target = (header.t0 // every_updates + 1) * every_updates
         else:
-            next_tick = max(next_tick + every["seconds"], time.monotonic())
+            next_tick = max(next_tick + every_s, time.monotonic())
     channel.close()
     return 0
 
 
 def main() -> int:
-    return run_device(run)
+    return run_device(run, EvaluatorConfig)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ whose gradient held NaN or Inf says so (a PUSH flagged ``NON_FINITE``); that rep
 values on the wire and updates that would overflow the model count toward divergence
 (``DIVERGED_AFTER`` in a row end training).
 
-Run as ``python -m emulator.runtime.paramserver`` with the config in ``$EMU_CONFIG``.
+Run as ``python -m emulator.runtime.paramserver`` with its :class:`~.config.ServerConfig` in ``$EMU_CONFIG``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from compression.layout import Layout
 
 from emulator.runtime import checkpoint, downlink, probe, protocol, rules
 from emulator.runtime.bootstrap import load_config, start
+from emulator.runtime.config import ServerConfig
 from emulator.runtime.downlink import Holding
 from emulator.runtime.models import initial_parameters
 from emulator.runtime.protocol import Flag, MsgType, ProtocolError
@@ -50,18 +51,18 @@ class Pushed(NamedTuple):
 
 
 class ParameterServer:
-    def __init__(self, cfg: dict, telemetry: Telemetry):
+    def __init__(self, cfg: ServerConfig, telemetry: Telemetry):
         self.cfg = cfg
         self.tel = telemetry
-        self.token = bytes.fromhex(cfg["token"])
-        self.layout = Layout.from_json(cfg["layout"])
-        self.params = initial_parameters(self.layout, cfg["seed"])
-        self.rule = rules.build(cfg["rule"], self.layout, cfg["learning_rate"])
-        self.max_updates = cfg.get("max_updates")
+        self.token = bytes.fromhex(cfg.token)
+        self.layout = Layout.from_json(cfg.layout)
+        self.params = initial_parameters(self.layout, cfg.seed)
+        self.rule = rules.build(cfg.rule, self.layout, cfg.learning_rate)
+        self.max_updates = cfg.max_updates
         # The largest valid update: every coordinate as a raw32 index and an f32 value (8 B);
         # a sparse part can be larger than a dense one (topk at c = 1, or c > 0.5 with raw32).
         self.max_body = self.layout.total * 8 + 64 * len(self.layout) + 1024
-        self.shaper = TransportShaper.from_config(cfg.get("transport"))
+        self.shaper = TransportShaper.from_config(cfg.transport)
         self.version = 0
         self.training = threading.Event()  # set by the controller's "start" once every device is up
         self.done = False
@@ -75,15 +76,15 @@ class ParameterServer:
         self.started = time.monotonic()
         self.checkpointer = None
         self.mark = None
-        ckpt = cfg.get("checkpoint") or {}
-        if ckpt.get("dir"):
+        ckpt = cfg.checkpoint
+        if ckpt is not None and ckpt.dir:
             self.checkpointer = checkpoint.Checkpointer(
-                ckpt["dir"], ckpt.get("every_updates"), ckpt.get("every_s"),
+                ckpt.dir, ckpt.every_updates, ckpt.every_s,
                 on_saved=lambda version, seconds: self.tel.event("checkpoint_saved", version=version, seconds=round(seconds, 4)),
             )
-            self.mark = checkpoint.VersionMark(ckpt["dir"])
+            self.mark = checkpoint.VersionMark(ckpt.dir)
             at_crash = self.mark.read()
-            restored = checkpoint.load(ckpt["dir"])
+            restored = checkpoint.load(ckpt.dir)
             if restored is not None:
                 self.version, self.params, state = restored
                 self.rule.load_state(state)
@@ -370,7 +371,7 @@ class ParameterServer:
             self.tel.record("server", version=version, done=done, rejections=rejections)
 
     def serve(self) -> None:
-        host, port = self.cfg["bind"]
+        host, port = self.cfg.bind
         listener = socket.create_server((host, port), backlog=1024, reuse_port=False)
         self.tel.event("listening", host=host, port=port, parameters=int(self.layout.total), rule=self.rule.name)
         threading.Thread(target=self.report_traffic, daemon=True, name="traffic").start()
@@ -381,7 +382,7 @@ class ParameterServer:
 
 
 def main() -> None:
-    cfg = load_config()
+    cfg = load_config(ServerConfig)
     tel = start(cfg)
     try:
         ParameterServer(cfg, tel).serve()

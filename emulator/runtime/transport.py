@@ -15,6 +15,7 @@ import threading
 import time
 
 from emulator.runtime import protocol
+from emulator.runtime.config import LinkConfig
 
 CHUNK = 16 * 1024
 
@@ -60,9 +61,10 @@ class TransportShaper:
         self._open.set()
 
     @classmethod
-    def from_config(cls, cfg: dict | None, seed: int = 0) -> "TransportShaper":
-        cfg = cfg or {}
-        return cls(cfg.get("uplink_bps"), cfg.get("downlink_bps"), cfg.get("delay_s", 0.0), cfg.get("jitter_s", 0.0), seed)
+    def from_config(cls, link: LinkConfig | None, seed: int = 0) -> "TransportShaper":
+        """The shaper of a device's configured ``transport`` (None: unshaped); it never drops packets, so ``loss`` is not its."""
+        link = link or LinkConfig()
+        return cls(link.uplink_bps, link.downlink_bps, link.delay_s, link.jitter_s, seed)
 
     def update(self, cfg: dict) -> None:
         """Apply a run-time change (only the keys present)."""

@@ -10,7 +10,7 @@ A gradient with NaN or Inf is not compressed (a selection would silently trim it
 is a short report flagged ``NON_FINITE`` instead, which the server refuses and counts toward
 divergence.
 
-Run as ``python -m emulator.runtime.worker`` with the config in ``$EMU_CONFIG``.
+Run as ``python -m emulator.runtime.worker`` with its :class:`~.config.WorkerConfig` in ``$EMU_CONFIG``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from compression.layout import Layout
 
 from emulator.runtime import probe, protocol
 from emulator.runtime.bootstrap import limit_threads, run_device
+from emulator.runtime.config import MethodConfig, WorkerConfig
 from emulator.runtime.data import BatchSampler, load_shard
-from emulator.runtime.downlink import ModelCopy, PullConfig
+from emulator.runtime.downlink import ModelCopy
 from emulator.runtime.protocol import Flag, MsgType
 from emulator.runtime.transport import Channel, TransportShaper, open_session
 
@@ -45,10 +46,10 @@ def push_body(compressor, grads: list[np.ndarray], layout: Layout, wire) -> tupl
     return compression.encode(parts, layout, wire), Flag.NONE
 
 
-def build_compressor(method: dict, layout: Layout, seed: int):
-    wire = compression.WireFormat(**method.get("wire", {}))
-    compressor = compression.build(method["compressor"], method.get("params", {}), layout, seed)
-    if method.get("error_feedback"):
+def build_compressor(method: MethodConfig, layout: Layout, seed: int):
+    wire = compression.WireFormat(values=method.wire.values, indices=method.wire.indices)
+    compressor = compression.build(method.compressor, method.params, layout, seed)
+    if method.error_feedback:
         compressor = compression.ErrorFeedback(compressor, wire)
     return compressor, wire
 
@@ -81,27 +82,27 @@ class StepStats:
         }
 
 
-def run(cfg: dict, tel) -> int:
+def run(cfg: WorkerConfig, tel) -> int:
     from emulator.runtime.models import TFModel, get
 
-    index = int(cfg["worker"])
-    threads = limit_threads(cfg.get("cpus", 1.0))
-    x, y = load_shard(cfg["shard"])
-    model = TFModel(get(cfg["model"]), x.shape[1:], cfg["classes"], threads)
+    index = cfg.worker
+    threads = limit_threads(cfg.cpus)
+    x, y = load_shard(cfg.shard)
+    model = TFModel(get(cfg.model), x.shape[1:], cfg.classes, threads)
     layout = model.layout
-    seed = int(cfg["seed"])
-    compressor, wire = build_compressor(cfg["method"], layout, seed)
-    pull = PullConfig.from_json(cfg["method"].get("pull"))
+    seed = cfg.seed
+    compressor, wire = build_compressor(cfg.method, layout, seed)
+    pull = cfg.method.pull
     copy = ModelCopy(layout)
-    sampler = BatchSampler(x, y, cfg["batch_size"], seed)
-    shaper = TransportShaper.from_config(cfg.get("transport"), seed)
-    token = bytes.fromhex(cfg["token"])
+    sampler = BatchSampler(x, y, cfg.batch_size, seed)
+    shaper = TransportShaper.from_config(cfg.transport, seed)
+    token = bytes.fromhex(cfg.token)
 
     def run_probe(command: dict) -> None:
         try:
             record = {}
             if command.get("up_bytes"):
-                record.update(probe.measure_link(cfg["ps"], token, shaper, up_bytes=command["up_bytes"], down_bytes=command["down_bytes"]))
+                record.update(probe.measure_link(cfg.ps, token, shaper, up_bytes=command["up_bytes"], down_bytes=command["down_bytes"]))
             if command.get("cpu_s"):
                 record["cpu_share"] = probe.measure_cpu(command["cpu_s"])
             tel.record("fidelity", worker=index, **record)
@@ -118,19 +119,19 @@ def run(cfg: dict, tel) -> int:
     tel.on_control(on_control)
     splits = np.array(layout.offsets[1:])
 
-    hello = {"role": "worker", "worker": index, "incarnation": cfg.get("incarnation", 0), "pull": pull.hello()}
+    hello = {"role": "worker", "worker": index, "incarnation": cfg.incarnation, "pull": pull.hello()}
 
     def join() -> Channel:
         """Connect and introduce ourselves; the server's model must be ours."""
-        channel, welcome = open_session(cfg["ps"], token, hello, shaper=shaper, max_body=layout.total * 4 + 4096,
-                                        worker=index, timeout_s=cfg.get("connect_timeout_s", 300))
+        channel, welcome = open_session(cfg.ps, token, hello, shaper=shaper, max_body=layout.total * 4 + 4096,
+                                        worker=index, timeout_s=cfg.connect_timeout_s)
         if Layout.from_json(welcome["layout"]) != layout:
             raise protocol.ProtocolError("layout_mismatch", "the server's model is not this worker's")
         return channel
 
     channel = join()
     model.warm_up(np.zeros(layout.total, np.float32), *sampler.next())
-    tel.event("worker_ready", worker=index, incarnation=cfg.get("incarnation", 0), shard_size=len(x))
+    tel.event("worker_ready", worker=index, incarnation=cfg.incarnation, shard_size=len(x))
     channel.send(MsgType.PULL)  # the server answers once training has started
     header, body = channel.recv(keep_buffer=True)
 
@@ -193,7 +194,7 @@ def run(cfg: dict, tel) -> int:
 
 
 def main() -> int:
-    return run_device(run)
+    return run_device(run, WorkerConfig)
 
 
 if __name__ == "__main__":

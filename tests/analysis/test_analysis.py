@@ -398,13 +398,12 @@ def test_the_sweep_notebook_runs_headless_and_draws_its_figures(tmp_path, monkey
         if os.environ.get("CI"):
             raise
         pytest.skip("nbclient/ipykernel not installed (pip install -e '.[test]')")
-    from test_sweep import TINY, FakeRunner
+    from conftest import TEST_SCENARIOS
+    from test_sweep import FakeRunner
 
     from emulator.experiments.sweep import Sweep, run_sweep
 
-    scenario = tmp_path / "tiny.yaml"
-    scenario.write_text(TINY)
-    sweep = Sweep.from_options(scenario, ["faults.crash.rate_per_hour=0,60", "method.name=comp_c,adacomp"], repeat=2)
+    sweep = Sweep.from_options(TEST_SCENARIOS / "tiny-sweep.yaml", ["faults.crash.rate_per_hour=0,60", "method.name=comp_c,adacomp"], repeat=2)
     run_sweep(sweep, tmp_path / "sweep", runner=FakeRunner(), say=lambda m: None)
     monkeypatch.setenv("SWEEP_DIR", str(tmp_path / "sweep"))  # the kernel inherits the environment
     notebook = nbformat.read(NOTEBOOK, as_version=4)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from analysis.report import build_report
-from conftest import run_scenario
+from conftest import TEST_SCENARIOS, run_scenario
 from test_analysis import write_synthetic_run
 
 CHECK_SCRIPT = """<script>
@@ -34,20 +34,6 @@ window.addEventListener('load', function () {
 });
 </script>"""
 MARKER = re.compile(r'<pre id="image-check">(.*?)</pre>', re.S)
-
-TINY_RUN = """\
-name: report-html
-seed: 2
-model: mlp
-dataset: {name: digits, partition: iid}
-training: {batch_size: 10, learning_rate: 0.1, max_updates: 40, eval_every: 10 updates}
-method: {name: adacomp, c: 0.05}
-server: {cpus: 0.5}
-evaluator: {cpus: 0.25}
-workers:
-  - {count: 3, cpus: 0.2, uplink: 8mbit, downlink: 16mbit, delay: 5ms}
-"""
-
 
 @pytest.fixture(scope="session")
 def chromium() -> str:
@@ -104,13 +90,11 @@ def test_a_missing_figure_is_caught(chromium, tmp_path):
 
 
 def test_every_figure_of_a_sweep_report_loads_in_chromium(chromium, tmp_path):
-    from test_sweep import TINY, FakeRunner
+    from test_sweep import FakeRunner
 
     from emulator.experiments.sweep import Sweep, run_sweep
 
-    scenario = tmp_path / "tiny.yaml"
-    scenario.write_text(TINY)
-    sweep = Sweep.from_options(scenario, ["faults.crash.rate_per_hour=0,60"], repeat=1)
+    sweep = Sweep.from_options(TEST_SCENARIOS / "tiny-sweep.yaml", ["faults.crash.rate_per_hour=0,60"], repeat=1)
     run_sweep(sweep, tmp_path / "sweep", runner=FakeRunner(), say=lambda m: None)
     report = build_report(tmp_path / "sweep", per_run=True)
     images = assert_every_figure_loaded(chromium, report, tmp_path)
@@ -123,9 +107,7 @@ def test_every_figure_of_a_sweep_report_loads_in_chromium(chromium, tmp_path):
 @pytest.mark.slow
 def test_the_report_of_a_real_run_loads_in_chromium(chromium, tmp_path):
     """A real training run on the local backend (MLP, digits, 3 workers, 40 updates), then its report."""
-    scenario = tmp_path / "report-html.yaml"
-    scenario.write_text(TINY_RUN)
-    summary, run = run_scenario(scenario, tmp_path / "runs", backend="local", check_fidelity=False)
+    summary, run = run_scenario(TEST_SCENARIOS / "report-html.yaml", tmp_path / "runs", backend="local", check_fidelity=False)
     assert summary["status"] == "completed" and summary["updates_applied"] == 40
     report = build_report(run)
     images = assert_every_figure_loaded(chromium, report, tmp_path)

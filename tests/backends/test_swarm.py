@@ -219,7 +219,7 @@ def node_files(run: Path | str) -> bool:
 @pytest.mark.slow
 def test_quickstart_on_swarm_matches_docker(swarm, runtime_image, tmp_path):
     from emulator.planning.plan import make_plan
-    from emulator.planning.scenario import load_scenario
+    from emulator.planning.loader import load_scenario
 
     runs = {}
     for backend in ("swarm", "docker"):

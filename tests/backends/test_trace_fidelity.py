@@ -34,7 +34,7 @@ SENDER = ("import socket, sys, time\nfor _ in range(100):\n    try:\n        c =
 
 def _plan(tmp_path: Path):
     from emulator.planning.plan import make_plan
-    from emulator.planning.scenario import load_scenario
+    from emulator.planning.loader import load_scenario
 
     scenario = tmp_path / "trace.yaml"
     scenario.write_text(f"""\

@@ -170,7 +170,7 @@ def test_a_model_dead_at_chance_is_flagged_even_without_nan_in_its_traces():
 def test_the_controller_writes_this_summary(name, tmp_path):
     """Emulation.summary() on the replayed state gives what summarize() gives."""
     from emulator.planning.plan import make_plan
-    from emulator.planning.scenario import load_scenario
+    from emulator.planning.loader import load_scenario
 
     path, overrides = SCENARIO[name]
     plan = make_plan(load_scenario(ROOT / path, overrides)[0])

@@ -105,15 +105,20 @@ def test_keras_cache_respects_keras_home(tmp_path, monkeypatch):
     assert "datasets/mnist.npz" in dataset.source
 
 
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any connection opened by the code under test fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the loader must not open a connection")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
 @pytest.mark.skipif((datasets.data_root() / "mnist").exists(), reason="this machine has MNIST IDX files installed")
-def test_mnist_unavailable_suggests_alternatives(tmp_path, monkeypatch):
+def test_mnist_unavailable_suggests_alternatives(tmp_path, monkeypatch, no_network):
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
     monkeypatch.setattr(datasets.sources, "_can_reach", lambda host, port, timeout=3.0: False)
-
-    def no_network(*args, **kwargs):
-        raise AssertionError("the test must not open a connection")
-
-    monkeypatch.setattr(socket, "create_connection", no_network)
     with pytest.raises(DatasetUnavailable) as caught:
         load("mnist")
     message = str(caught.value)
@@ -364,15 +369,10 @@ def test_data_root_and_keras_home_hide_or_provide_system_datasets(tmp_path, monk
     assert str(empty / "fashion-mnist") in found.source
 
 
-def test_mnist_is_never_downloaded_unless_asked(tmp_path, monkeypatch):
+def test_mnist_is_never_downloaded_unless_asked(tmp_path, monkeypatch, no_network):
     monkeypatch.setenv("EMULATE_DATA_ROOT", str(tmp_path))
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
     monkeypatch.delenv("EMULATE_DOWNLOAD", raising=False)
-
-    def no_network(*args, **kwargs):
-        raise AssertionError("the loader must not open a connection")
-
-    monkeypatch.setattr(socket, "create_connection", no_network)
     with pytest.raises(DatasetUnavailable) as caught:
         load("mnist")
     message = str(caught.value)

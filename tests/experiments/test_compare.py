@@ -14,28 +14,11 @@ from pathlib import Path
 import pytest
 
 from analysis.sweep import t_quantile
+from conftest import TEST_SCENARIOS
 
 T_975_2 = 4.302652729911275  # Student t, 97.5 % quantile, 2 degrees of freedom (tables)
 
-TINY = """\
-name: tiny-compare
-seed: 3
-model: mlp
-dataset: {name: digits, partition: shards}
-training: {batch_size: 16, learning_rate: 0.1, max_updates: 20, eval_every: 10 updates}
-method: {name: adacomp, c: 0.01}
-server: {cpus: 1.0}
-evaluator: {cpus: 0.5}
-workers:
-  - {count: 2, cpus: 0.5}
-"""
-
-
-@pytest.fixture
-def tiny_scenario(tmp_path):
-    path = tmp_path / "tiny.yaml"
-    path.write_text(TINY)
-    return path
+TINY_SCENARIO = TEST_SCENARIOS / "tiny-compare.yaml"  # two workers, an MLP on digits, 20 updates
 
 
 def row(method, repeat, accuracy, time_s=None, status="completed", **extra):
@@ -263,11 +246,11 @@ def fake_emulation(monkeypatch):
     return FakeEmulation
 
 
-def test_repetitions_pair_seeds_and_run_repetitions_outside(tiny_scenario, tmp_path, fake_emulation):
+def test_repetitions_pair_seeds_and_run_repetitions_outside(tmp_path, fake_emulation):
     from emulator.experiments.compare import compare
     from emulator.experiments.sweep import repetition_seed
 
-    out = compare(tiny_scenario, ["asgd", "adacomp"], tmp_path, repeat=3, say=lambda _: None)
+    out = compare(TINY_SCENARIO, ["asgd", "adacomp"], tmp_path, repeat=3, say=lambda _: None)
     seeds = [3, repetition_seed(3, 1), repetition_seed(3, 2)]
     assert fake_emulation.ran == [(f"{i:02d}-{m}-r{r}", seeds[r]) for r in range(3) for i, m in ((1, "asgd"), (2, "adacomp"))]
     report = json.loads((out / "compare.json").read_text())
@@ -279,36 +262,36 @@ def test_repetitions_pair_seeds_and_run_repetitions_outside(tiny_scenario, tmp_p
     assert pair["final_accuracy"]["verdict"] == "B better"
 
 
-def test_one_repetition_runs_the_scenario_seed_as_before(tiny_scenario, tmp_path, fake_emulation):
+def test_one_repetition_runs_the_scenario_seed_as_before(tmp_path, fake_emulation):
     from emulator.experiments.compare import compare
 
-    out = compare(tiny_scenario, ["asgd", "adacomp"], tmp_path, say=lambda _: None)
+    out = compare(TINY_SCENARIO, ["asgd", "adacomp"], tmp_path, say=lambda _: None)
     assert fake_emulation.ran == [("01-asgd", 3), ("02-adacomp", 3)]
     assert "seed 3, backend local" in (out / "compare.md").read_text()
 
 
-def test_a_rerun_into_the_directory_reuses_completed_runs(tiny_scenario, tmp_path, fake_emulation):
+def test_a_rerun_into_the_directory_reuses_completed_runs(tmp_path, fake_emulation):
     from emulator.experiments.compare import compare
 
     directory = tmp_path / "cmp"
     fake_emulation.fail = {"02-adacomp-r1"}
-    compare(tiny_scenario, ["asgd", "adacomp"], tmp_path, repeat=2, directory=directory, say=lambda _: None)
+    compare(TINY_SCENARIO, ["asgd", "adacomp"], tmp_path, repeat=2, directory=directory, say=lambda _: None)
     first = json.loads((directory / "compare.json").read_text())
     assert first["pairs"][0]["left_out"] == [{"repeat": 1, "why": "adacomp failed"}]
     fake_emulation.ran, fake_emulation.fail = [], set()
-    compare(tiny_scenario, ["asgd", "adacomp"], tmp_path, repeat=2, directory=directory, say=lambda _: None)
+    compare(TINY_SCENARIO, ["asgd", "adacomp"], tmp_path, repeat=2, directory=directory, say=lambda _: None)
     assert [name for name, _ in fake_emulation.ran] == ["02-adacomp-r1"]  # only the failed run again
     assert (directory / ".attempts" / "02-adacomp-r1.1" / "summary.json").exists()
     again = json.loads((directory / "compare.json").read_text())
     assert again["pairs"][0]["left_out"] == [] and again["pairs"][0]["final_accuracy"]["n"] == 2
 
 
-def test_an_interrupted_comparison_reports_the_whole_pairs_it_has(tiny_scenario, tmp_path, fake_emulation):
+def test_an_interrupted_comparison_reports_the_whole_pairs_it_has(tmp_path, fake_emulation):
     from emulator.experiments.compare import compare
 
     fake_emulation.interrupt = {"01-asgd-r1"}
     with pytest.raises(KeyboardInterrupt):
-        compare(tiny_scenario, ["asgd", "adacomp"], tmp_path, repeat=3, directory=tmp_path / "cmp", say=lambda _: None)
+        compare(TINY_SCENARIO, ["asgd", "adacomp"], tmp_path, repeat=3, directory=tmp_path / "cmp", say=lambda _: None)
     assert [name for name, _ in fake_emulation.ran] == ["01-asgd-r0", "02-adacomp-r0", "01-asgd-r1"]
     report = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert [(r["method"], r["repeat"], r["status"]) for r in report["methods"]] == [
@@ -318,9 +301,9 @@ def test_an_interrupted_comparison_reports_the_whole_pairs_it_has(tiny_scenario,
     assert pair["left_out"] == [{"repeat": 1, "why": "asgd interrupted, adacomp not run"}]
 
 
-def test_a_directory_holding_another_plan_is_refused(tiny_scenario, tmp_path, fake_emulation):
+def test_a_directory_holding_another_plan_is_refused(tmp_path, fake_emulation):
     from emulator.experiments.compare import compare
-    from emulator.planning.scenario import ScenarioError
+    from emulator.planning.problems import ScenarioError
 
     directory = tmp_path / "cmp"
     directory.mkdir()
@@ -328,20 +311,20 @@ def test_a_directory_holding_another_plan_is_refused(tiny_scenario, tmp_path, fa
     summary = json.loads((directory / "01-asgd" / "summary.json").read_text())
     (directory / "01-asgd" / "summary.json").write_text(json.dumps({**summary, "plan_digest": "0123456789abcdef"}))
     with pytest.raises(ScenarioError, match="another plan"):
-        compare(tiny_scenario, ["asgd"], tmp_path, directory=directory, say=lambda _: None)
+        compare(TINY_SCENARIO, ["asgd"], tmp_path, directory=directory, say=lambda _: None)
     assert fake_emulation.ran == []
     with pytest.raises(ScenarioError, match="--repeat"):
-        compare(tiny_scenario, ["asgd"], tmp_path, repeat=0, say=lambda _: None)
+        compare(TINY_SCENARIO, ["asgd"], tmp_path, repeat=0, say=lambda _: None)
 
 
-def test_the_cli_passes_repeat_and_rejects_zero(tiny_scenario, tmp_path, fake_emulation):
+def test_the_cli_passes_repeat_and_rejects_zero(tmp_path, fake_emulation):
     from click.testing import CliRunner
 
     from emulator.cli import main
 
-    bad = CliRunner().invoke(main, ["compare", str(tiny_scenario), "-m", "asgd", "--repeat", "0", "--backend", "local"])
+    bad = CliRunner().invoke(main, ["compare", str(TINY_SCENARIO), "-m", "asgd", "--repeat", "0", "--backend", "local"])
     assert bad.exit_code == 2 and "--repeat" in bad.output
-    result = CliRunner().invoke(main, ["compare", str(tiny_scenario), "-m", "asgd", "-m", "adacomp", "--repeat", "2",
+    result = CliRunner().invoke(main, ["compare", str(TINY_SCENARIO), "-m", "asgd", "-m", "adacomp", "--repeat", "2",
                                        "--backend", "local", "--dir", str(tmp_path / "cmp"), "--quiet"])
     assert result.exit_code == 0, result.output
     assert "## Paired differences" in result.output
@@ -353,10 +336,10 @@ def test_the_cli_passes_repeat_and_rejects_zero(tiny_scenario, tmp_path, fake_em
 
 
 @pytest.mark.slow
-def test_two_methods_twice_on_the_local_backend(tiny_scenario, tmp_path):
+def test_two_methods_twice_on_the_local_backend(tmp_path):
     from emulator.experiments.compare import compare
 
-    out = compare(tiny_scenario, ["asgd", "adacomp"], tmp_path, backend="local", repeat=2, say=lambda _: None,
+    out = compare(TINY_SCENARIO, ["asgd", "adacomp"], tmp_path, backend="local", repeat=2, say=lambda _: None,
                   check_fidelity=False)
     report = json.loads((out / "compare.json").read_text())
     runs = {(r["method"], r["repeat"]): r for r in report["methods"]}

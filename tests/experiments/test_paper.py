@@ -9,8 +9,10 @@ import sys
 
 import pytest
 
-from emulator.experiments import paper
-from emulator.experiments.paper import Section, bytes_to_reach, dense_reference, matched_ratios, methods_section
+from emulator.experiments.paper import driver
+from emulator.experiments.paper.profiles import PAPER, PROFILES
+from emulator.experiments.paper.results import Section
+from emulator.experiments.paper.tables import bytes_to_reach, dense_reference, matched_ratios, methods_section
 from conftest import ROOT
 
 
@@ -69,23 +71,23 @@ def test_a_failing_experiment_makes_the_driver_exit_1_after_writing_the_others(t
     def breaks(profile, out, backend, dataset, say):
         raise RuntimeError("the crash sweep could not start\ntraceback lines")
 
-    monkeypatch.setattr(paper, "EXPERIMENTS", {"methods": works, "crash": breaks})
-    monkeypatch.setattr(paper, "choose_dataset", lambda say: ("digits", "a test stand-in"))
-    assert paper.main(["--profile", "smoke", "--backend", "local", "--out", str(tmp_path)]) == 1
+    monkeypatch.setattr(driver, "EXPERIMENTS", {"methods": works, "crash": breaks})
+    monkeypatch.setattr(driver, "choose_dataset", lambda say: ("digits", "a test stand-in"))
+    assert driver.main(["--profile", "smoke", "--backend", "local", "--out", str(tmp_path)]) == 1
     results = (tmp_path / "results.md").read_text()
     assert results.startswith("# Reproducing") and "**INCOMPLETE: 1 experiment(s) or run(s) failed" in results
     assert "- crash: the experiment failed: RuntimeError: the crash sweep could not start" in results
     assert "## It worked" in results and "traceback lines" not in results
-    monkeypatch.setattr(paper, "EXPERIMENTS", {"methods": works})
-    assert paper.main(["--profile", "smoke", "--backend", "local", "--out", str(tmp_path)]) == 0
+    monkeypatch.setattr(driver, "EXPERIMENTS", {"methods": works})
+    assert driver.main(["--profile", "smoke", "--backend", "local", "--out", str(tmp_path)]) == 0
     assert "INCOMPLETE" not in (tmp_path / "results.md").read_text()
 
 
 def test_no_usable_dataset_is_exit_2_with_what_to_install(tmp_path, monkeypatch):
-    monkeypatch.setattr(paper, "DATASET_PREFERENCE", ("fashion-mnist",))
+    monkeypatch.setattr(driver, "DATASET_PREFERENCE", ("fashion-mnist",))
     monkeypatch.setenv("EMULATE_DATA_ROOT", str(tmp_path))
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
-    assert paper.main(["--profile", "smoke", "--backend", "local", "--out", str(tmp_path / "out")]) == 2
+    assert driver.main(["--profile", "smoke", "--backend", "local", "--out", str(tmp_path / "out")]) == 2
 
 
 @pytest.mark.slow
@@ -118,3 +120,20 @@ def test_a_dead_asgd_run_is_not_the_reference_either():
             "bytes_per_update": 100, "final_accuracy": 0.1, "curve": []}
     alive = {**dead, "method": "asgd:training.learning_rate=0.05", "outcome": "ok", "final_accuracy": 0.8}
     assert dense_reference([dead, alive]) is alive
+
+
+def test_the_scenarios_the_experiments_run_are_in_the_tree():
+    # The driver moved folders once and looked for scenarios/paper one level too high: every
+    # experiment failed and only the slow test could tell.
+    for name in ("methods", "ingress", "heterogeneity", "crash"):
+        assert (PAPER / f"{name}.yaml").is_file(), PAPER / f"{name}.yaml"
+
+
+def test_an_experiments_own_override_wins_over_the_profile_wide_one():
+    smoke = PROFILES["smoke"]
+    staleness = smoke.overrides("staleness", "digits")
+    assert staleness[0] == "dataset.name=digits"
+    # The profile sets eval_every=5s for all; staleness sets its own, which alone is kept.
+    assert [o for o in staleness if o.startswith("training.eval_every")] == ["training.eval_every=10 updates"]
+    assert "dataset.test_size=300" in staleness
+    assert smoke.overrides("crash", "digits")[-2:] == ["dataset.test_size=300", "training.eval_every=5s"]

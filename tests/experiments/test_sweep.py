@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -24,31 +25,15 @@ from emulator.cli import main
 from emulator.experiments.sweep import (
     SEED_STRIDE, Axis, Sweep, SweepError, default_jobs, grid_points, repetition_seed, run_id, run_sweep, split_values,
 )
+from conftest import TEST_SCENARIOS
 from test_analysis import write_synthetic_run
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # emulator.control.rundir's rule for run directories
 
-TINY = """\
-name: tiny
-seed: 3
-model: mlp
-dataset: {name: digits, partition: iid}
-training: {batch_size: 10, learning_rate: 0.1, max_updates: 30, eval_every: 10 updates}
-method: {name: adacomp, c: 0.05}
-server: {cpus: 0.5}
-evaluator: {cpus: 0.25}
-workers:
-  - {count: 2, cpus: 0.25}
-faults:
-  crash: {rate_per_hour: 0, restart_after: 5s}
-"""
-
-
 @pytest.fixture
 def scenario(tmp_path) -> Path:
-    path = tmp_path / "tiny.yaml"
-    path.write_text(TINY)
-    return path
+    """A copy of tests/scenarios/tiny-sweep.yaml that the test may edit: two workers, 30 updates, crashes off."""
+    return Path(shutil.copy(TEST_SCENARIOS / "tiny-sweep.yaml", tmp_path))
 
 
 # -- the grid ----------------------------------------------------------------------------
@@ -253,7 +238,7 @@ def test_ctrl_c_stops_the_sweep_and_records_what_did_not_run(scenario, tmp_path)
 def test_a_changed_scenario_does_not_reuse_old_runs(scenario, tmp_path):
     sweep = Sweep.from_options(scenario, ["faults.crash.rate_per_hour=0,30"])
     run_sweep(sweep, tmp_path / "sweep", runner=FakeRunner(), say=lambda m: None)
-    scenario.write_text(TINY.replace("max_updates: 30", "max_updates: 40"))
+    scenario.write_text(scenario.read_text().replace("max_updates: 30", "max_updates: 40"))
     with pytest.raises(SweepError, match="completed run of another plan"):
         run_sweep(sweep, tmp_path / "sweep", runner=FakeRunner(), say=lambda m: None)
 

@@ -15,7 +15,9 @@ from click.testing import CliRunner
 
 from emulator.cli import main
 from emulator.planning.plan import EventPlan, Plan, make_plan, worker_name
-from emulator.planning.scenario import ScenarioError, load_scenario, validate
+from emulator.planning.loader import load_scenario
+from emulator.planning.problems import ScenarioError
+from emulator.planning.scenario import validate
 
 HERE = Path(__file__).resolve().parents[1]  # tests/
 FULL = HERE / "scenarios" / "full.yaml"

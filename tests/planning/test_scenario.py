@@ -13,24 +13,12 @@ from click.testing import CliRunner
 
 from emulator.cli import main
 from emulator.planning.plan import make_plan
-from emulator.planning.scenario import (
-    MAX_FILE_BYTES,
-    Choice,
-    Fixed,
-    Normal,
-    PerDevice,
-    Problem,
-    Scenario,
-    ScenarioError,
-    Uniform,
-    apply_override,
-    format_path,
-    json_schema,
-    load_scenario,
-    parse_yaml,
-    resolve_targets,
-    validate,
-)
+from emulator.planning.distributions import Choice, Fixed, Normal, PerDevice, Uniform
+from emulator.planning.loader import load_scenario
+from emulator.planning.overrides import apply_override
+from emulator.planning.problems import Problem, ScenarioError, format_path
+from emulator.planning.safe_yaml import MAX_FILE_BYTES, parse_yaml
+from emulator.planning.scenario import Scenario, json_schema, resolve_targets, validate
 
 HERE = Path(__file__).resolve().parents[1]  # tests/
 FULL = HERE / "scenarios" / "full.yaml"

@@ -14,7 +14,7 @@ from emulator.cli import main
 from emulator.planning import tracegen, traces
 from emulator.planning.plan import make_plan
 from emulator.planning.problems import ScenarioError
-from emulator.planning.scenario import load_scenario
+from emulator.planning.loader import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,19 +20,18 @@ from compression import delta
 from compression.layout import Layout, TensorSpec
 from compression.parts import SparsePart, to_half
 from emulator.runtime import downlink, protocol
-from emulator.runtime.downlink import ChangeLog, Holding, ModelCopy, PullConfig
+from emulator.runtime.config import CheckpointConfig, PullConfig
+from emulator.runtime.downlink import ChangeLog, Holding, ModelCopy
 from emulator.runtime.paramserver import ParameterServer
 from emulator.runtime.protocol import HEADER, Flag, MsgType
-from test_paramserver import TIMEOUT, TOKEN, Client, RecordingTelemetry, harness  # noqa: F401 (a fixture)
+from test_paramserver import TIMEOUT, TOKEN, Client, RecordingTelemetry, harness, server_config  # noqa: F401 (a fixture)
 
 BIG = Layout((TensorSpec("kernel", (30, 20)), TensorSpec("bias", (8,)), TensorSpec("out", (50,))))  # 600, 8, 50
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def server(rule="adacomp", layout=BIG, **cfg) -> ParameterServer:
-    ps = ParameterServer({"token": TOKEN.hex(), "layout": layout.to_json(), "seed": 5, "rule": rule,
-                          "learning_rate": 0.05, "max_updates": None, "bind": ["127.0.0.1", 0], **cfg},
-                         RecordingTelemetry())
+    ps = ParameterServer(server_config(layout=layout.to_json(), seed=5, rule=rule, learning_rate=0.05, **cfg), RecordingTelemetry())
     ps.control({"cmd": "start"})
     return ps
 
@@ -256,7 +255,7 @@ def test_a_restored_server_sends_whole_models(tmp_path):
         d.push(ps, random_update(np.random.default_rng(seed)))
         d.pull(ps)
     checkpoint.save(tmp_path, ps.version - 1, ps.params, ps.rule.state())
-    again = server(checkpoint={"dir": str(tmp_path), "every_updates": 1000})
+    again = server(checkpoint=CheckpointConfig(dir=str(tmp_path), every_updates=1000, every_s=None))
     assert again.changes.start == again.version == 2
     d.holding.version = 2  # the version number it held, of a model the restored server never had
     reply, _ = again.pull(0, Holding("f32"))  # a new connection: nothing assumed
@@ -264,12 +263,14 @@ def test_a_restored_server_sends_whole_models(tmp_path):
     assert again.changes.since(1) is None  # and nothing built on a version from before the restore
 
 
-def test_pull_config_is_checked():
-    assert PullConfig.from_json(None) == PullConfig()
-    assert PullConfig.from_json({"mode": "delta", "values": "q8", "every": 4}).hello() == {"mode": "delta", "values": "q8"}
-    for bad in ({"mode": "sparse"}, {"values": "f8"}, {"every": 0}):
-        with pytest.raises(ValueError):
-            PullConfig.from_json(bad)
+def test_a_hello_s_pull_is_checked():
+    hello = PullConfig(mode="delta", values="q8", every=4).hello()
+    assert hello == {"mode": "delta", "values": "q8"}  # every stays with the worker
+    assert downlink.parse_hello(hello).fmt == delta.values_format("q8")
+    assert downlink.parse_hello(PullConfig().hello()) is None and downlink.parse_hello(None) is None
+    for bad in ({"mode": "sparse"}, {"values": "f8"}, {"mode": "delta", "colour": 1}, "delta", [1]):
+        with pytest.raises(protocol.ProtocolError, match="pull"):
+            downlink.parse_hello(bad)
 
 
 def test_the_scenario_literals_are_the_registries():

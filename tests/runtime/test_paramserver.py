@@ -18,6 +18,7 @@ import compression
 from compression.layout import Layout, TensorSpec
 from compression.parts import DensePart, SparsePart, WireFormat
 from emulator.runtime import protocol
+from emulator.runtime.config import LinkConfig, ServerConfig
 from emulator.runtime.models import initial_parameters
 from emulator.runtime.paramserver import ParameterServer
 from emulator.runtime.protocol import HEADER, Flag, MsgType
@@ -49,15 +50,18 @@ class RecordingTelemetry(Telemetry):
             return [f for s, f in self.records if s == name]
 
 
+def server_config(**overrides) -> ServerConfig:
+    """A server's configuration as the controller writes it, with ``overrides`` by field."""
+    fields = {"name": "server", "token": TOKEN.hex(), "start_time": 0.0, "collector": None, "seed": 3,
+              "bind": ("127.0.0.1", 0), "layout": LAYOUT.to_json(), "rule": "adacomp", "learning_rate": ALPHA,
+              "max_updates": None, "transport": LinkConfig(), "checkpoint": None}
+    return ServerConfig(**{**fields, **overrides})
+
+
 class Harness:
     def __init__(self, **overrides):
-        cfg = {
-            "token": TOKEN.hex(), "layout": LAYOUT.to_json(), "seed": 3, "rule": "adacomp",
-            "learning_rate": ALPHA, "max_updates": None, "bind": ["127.0.0.1", 0],
-        }
-        cfg.update(overrides)
         self.tel = RecordingTelemetry()
-        self.server = ParameterServer(cfg, self.tel)
+        self.server = ParameterServer(server_config(**overrides), self.tel)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.clients: list[Client] = []
@@ -534,8 +538,7 @@ def test_a_run_of_non_finite_gradients_ends_training_as_diverged(monkeypatch):
 
     monkeypatch.setattr(paramserver, "DIVERGED_AFTER", 3)
     tel = RecordingTelemetry()
-    server = ParameterServer({"token": TOKEN.hex(), "layout": LAYOUT.to_json(), "seed": 3, "rule": "adacomp",
-                              "learning_rate": ALPHA, "max_updates": None, "bind": ["127.0.0.1", 0]}, tel)
+    server = ParameterServer(server_config(), tel)
     nan = compression.encode([DensePart(np.full(6, np.nan, np.float32)), DensePart(np.zeros(4, np.float32))], LAYOUT)
     for _ in range(3):
         assert server.push(0, 0, memoryview(nan), len(nan)).reason == "non_finite"
@@ -609,8 +612,7 @@ def test_every_refusal_for_nan_or_inf_counts_toward_divergence_and_in_the_summar
 
     monkeypatch.setattr(paramserver, "DIVERGED_AFTER", 3)
     tel = RecordingTelemetry()
-    server = ParameterServer({"token": TOKEN.hex(), "layout": LAYOUT.to_json(), "seed": 3, "rule": "plain",
-                              "learning_rate": ALPHA, "max_updates": None, "bind": ["127.0.0.1", 0]}, tel)
+    server = ParameterServer(server_config(rule="plain"), tel)
     huge = compression.encode([DensePart(np.full(6, 3e38, np.float32)), DensePart(np.zeros(4, np.float32))], LAYOUT)
     nan = compression.encode([DensePart(np.full(6, np.nan, np.float32)), DensePart(np.zeros(4, np.float32))], LAYOUT)
     assert [server.push(0, t0, memoryview(huge), len(huge)).reason for t0 in (0, 1)] == [None, None]  # -3e38: still finite

@@ -37,12 +37,12 @@ import socket
 import sys
 import threading
 import time
-import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from emulator.host import links, procstats
 from emulator.runtime import protocol
+from emulator.runtime.config import LinkConfig
 
 MODULE = "emulator.backends.swarm.agent"  # what the agent's and the janitor's tasks run: python -m MODULE
 HOST_PROC = "/host/proc"
@@ -209,12 +209,6 @@ def cgroup_usage(root: str, proc: str, pid: int) -> dict | None:
 # -- the agent ------------------------------------------------------------------------------
 
 
-def _link(fields: dict):
-    """A LinkPlan look-alike for links.py (plan.py needs the controller's dependencies)."""
-    return types.SimpleNamespace(uplink_bps=fields.get("uplink_bps"), downlink_bps=fields.get("downlink_bps"),
-                                 delay_s=fields.get("delay_s", 0.0), jitter_s=fields.get("jitter_s", 0.0), loss=fields.get("loss", 0.0))
-
-
 class Agent:
     """Serves one controller connection at a time; reconnects while the service runs."""
 
@@ -328,7 +322,7 @@ class Agent:
 
     def op_shape(self, *, container: str, network: str, link: dict, features: dict, payload=b"") -> dict:
         netns = self._netns(container)
-        links.shape_device(netns, _link(link), links.KernelFeatures(**features), peer_netns=self._peer_netns(container, network))
+        links.shape_device(netns, LinkConfig.from_json(link), links.KernelFeatures(**features), peer_netns=self._peer_netns(container, network))
         return {}
 
     def op_partition(self, *, container: str, cut: bool, payload=b"") -> dict:

@@ -35,14 +35,15 @@ import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from emulator.host import images, links
 from emulator.planning.plan import DevicePlan, LinkPlan
 from emulator.backends.base import Backend, BackendUnavailable, Endpoints, RunContext
+from emulator.runtime.config import DeviceConfig
 from emulator.backends.docker import (CHECKPOINT_MOUNT, CPU_PERIOD_US, DATA_MOUNT, DEVICE_LABEL, DEVICE_UID, LABEL, MODULES, RUN_LABEL,
-                      SERVER_PORT, START_THREADS, client)
+                      SERVER_PORT, START_THREADS, answering_client, client)
 from emulator.backends.subnets import free_subnet
 from emulator.backends.swarm import agent as agent_wire
 from emulator.backends.swarm.cleanup import remove_swarm_labelled
@@ -119,15 +120,9 @@ class SwarmBackend(Backend):
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        try:
-            import docker  # noqa: F401
-        except ImportError:
-            return False, "the docker Python package is not installed"
-        try:
-            docker_client = client(timeout=5)
-            docker_client.ping()
-        except Exception as exc:  # noqa: BLE001 - any failure means "not here"
-            return False, f"no Docker daemon answers ({type(exc).__name__})"
+        docker_client, why = answering_client()
+        if docker_client is None:
+            return False, why
         ok, why = is_manager(docker_client)
         if not ok:
             return False, why
@@ -262,15 +257,15 @@ class SwarmBackend(Backend):
 
     # -- devices -------------------------------------------------------------------------
 
-    def _ensure_relay(self, config: dict) -> None:
-        port = int(config["collector"][1])
+    def _ensure_relay(self, config: DeviceConfig) -> None:
+        port = config.collector[1]
         with self._lock:
             if port in self.relays:
                 return
             listener = listen_in_netns(f"/proc/{self.anchor_pid}/ns/net", ("0.0.0.0", port))
             self.relays[port] = Relay(listener, ("127.0.0.1", port)).start()
 
-    def _template(self, device: DevicePlan, config: dict, pin_node: str | None = None):
+    def _template(self, device: DevicePlan, config: DeviceConfig, pin_node: str | None = None):
         import docker.types as T
 
         node_dir = f"{self.options.node_root}/{self.ctx.run_id}/{{{{.Node.ID}}}}"
@@ -278,7 +273,7 @@ class SwarmBackend(Backend):
                   T.Mount("/tmp", None, type="tmpfs", tmpfs_size=256 << 20)]
         if device.role == "server":
             mounts.append(T.Mount(CHECKPOINT_MOUNT, f"{node_dir}/checkpoint", type="bind"))
-        env = {"EMU_CONFIG": _env_json(config), "OMP_NUM_THREADS": str(max(1, int(device.cpus + 0.999)))}
+        env = {"EMU_CONFIG": _env_json(config.to_json()), "OMP_NUM_THREADS": str(max(1, int(device.cpus + 0.999)))}
         spec = T.ContainerSpec(
             self.image, command=["python", "-m", f"emulator.runtime.{MODULES[device.role]}"], env=env,
             user=f"{DEVICE_UID}:{DEVICE_UID}", labels=self._labels("device", device.name), mounts=mounts, read_only=True,
@@ -295,7 +290,7 @@ class SwarmBackend(Backend):
                               networks=[T.NetworkAttachmentConfig(self.network_id, aliases=[device.name])],
                               force_update=self._force.get(device.name, 0))
 
-    def _submit(self, device: DevicePlan, config: dict) -> None:
+    def _submit(self, device: DevicePlan, config: DeviceConfig) -> None:
         """Create the device's service, or replace its task (a restart) with the new config."""
         import docker.types as T
 
@@ -371,7 +366,7 @@ class SwarmBackend(Backend):
         self._await_running([device.name])
         self._write_placement()
 
-    def start_many(self, items: list[tuple[DevicePlan, dict]]) -> None:
+    def start_many(self, items: list[tuple[DevicePlan, DeviceConfig]]) -> None:
         """Create every service (in parallel: each is a round trip to the manager), then wait
         until every task runs."""
         for _, config in items[:1]:
@@ -440,7 +435,7 @@ class SwarmBackend(Backend):
         return quota / period if quota > 0 else None
 
     def set_link(self, device, link: LinkPlan):
-        self._agent(device, "shape", network=self.network_id, link=asdict(link), features=self.features.to_json())
+        self._agent(device, "shape", network=self.network_id, link=link.to_json(), features=self.features.to_json())
 
     def partition(self, device, cut):
         self._agent(device, "partition", cut=cut)

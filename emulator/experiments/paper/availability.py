@@ -13,12 +13,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from analysis.runs import load_collection
+from emulator.experiments.paper.plots import sweep_figures
+from emulator.experiments.paper.profiles import ROOT
+from emulator.experiments.paper.results import Section
+from emulator.experiments.paper.runner import run_sweep_into
+from emulator.experiments.paper.tables import sweep_section
+
 SCENARIO = ROOT / "scenarios" / "traces" / "availability.yaml"
 KEY = "workers[0].traces.availability"
 LEVELS = {100: "availability-100.csv", 70: "availability-70.csv", 40: "availability-40.csv"}
 CHOSEN = {1: (40,), 2: (100, 40)}  # levels by the profile's number of crash rates (3 or more: all)
-SIZE_KEYS = ("training.duration", "workers[0].count")
 
 
 def levels_for(profile) -> tuple[int, ...]:
@@ -46,14 +51,10 @@ def online_share(plan: dict) -> float | None:
     return 1.0 - offline / (duration * len(workers))
 
 
-def availability_experiment(profile, out: Path, backend: str, dataset: str, say):
-    from analysis.runs import load_collection
-    from emulator.experiments.paper import Section, _tail, run_sweep_experiment, sweep_figures, sweep_section
-
-    sizing = tuple(o for o in profile.crash_overrides if o.split("=", 1)[0] in SIZE_KEYS)
-    overrides = [f"dataset.name={dataset}", *sizing, *_tail(profile.all_overrides, sizing)]
+def availability_experiment(profile, out: Path, backend: str, dataset: str, say) -> Section:
+    overrides = [o for o in profile.overrides("crash", dataset) if not o.startswith("faults.")]  # the crash sweep's size
     files = [LEVELS[level] for level in levels_for(profile)]
-    result = run_sweep_experiment("availability", SCENARIO, [f"{KEY}={','.join(files)}"], overrides, out, backend, say,
+    result = run_sweep_into("availability", SCENARIO, [f"{KEY}={','.join(files)}"], overrides, out, backend, say,
                                   profile.sweep_repeat)
     collection = load_collection(result["directory"])
     body, failures = sweep_section(collection, list(collection.grid), "availability")

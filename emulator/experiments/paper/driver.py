@@ -1,0 +1,74 @@
+"""The command behind `make figures`: choose the backend and the dataset, run every experiment of the
+profile, write results.md, and say in the exit status whether everything completed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from emulator.experiments.paper.experiments import EXPERIMENTS
+from emulator.experiments.paper.profiles import PROFILES
+from emulator.experiments.paper.results import Section, write_results
+
+DESCRIPTION = "``make figures``: run the paper's experiments and draw its figures, from scratch."
+DATASET_PREFERENCE = ("mnist", "fashion-mnist", "mnist-5k")
+
+
+def choose_dataset(say) -> tuple[str, str]:
+    """The largest real dataset that loads here: (name, where it came from). Each one passed over
+    is said with every place tried, so a user sees what to install for a better one."""
+    from emulator import datasets
+
+    found = datasets.best_available(DATASET_PREFERENCE, say=say)
+    return found.name, f"{found.train_examples:,} training and {found.test_examples:,} test images from {found.source}"
+
+
+def main(argv=None) -> int:
+    """Exit 0 when every experiment and every run completed; 1 when any failed (results.md is
+    written all the same, marked incomplete, each failure with its cause); 2 when no dataset or
+    backend is usable here."""
+    parser = argparse.ArgumentParser(prog="python -m emulator.experiments.paper", description=DESCRIPTION)
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="full")
+    parser.add_argument("--backend", choices=("auto", "docker", "local"), default="auto")
+    parser.add_argument("--out", default="figures")
+    parser.add_argument("--only", nargs="*", choices=tuple(EXPERIMENTS), default=None)
+    args = parser.parse_args(argv)
+    from emulator.backends import BackendUnavailable, choose
+    from emulator.datasets import DatasetUnavailable
+
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    started = time.monotonic()
+    profile = PROFILES[args.profile]
+    try:
+        backend = choose(args.backend, say=say).name
+        dataset, source = choose_dataset(say)
+    except (BackendUnavailable, DatasetUnavailable) as exc:
+        say(f"error: {exc}")
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    say(f"paper figures: profile {args.profile}, backend {backend}, dataset {dataset}: {source}")
+    sections = []
+    for name, experiment in EXPERIMENTS.items():
+        if args.only and name not in args.only:
+            continue
+        try:
+            sections.append(experiment(profile, out, backend, dataset, say))
+        except Exception as exc:  # noqa: BLE001 - a failed experiment is a marked section, and exit 1
+            cause = (str(exc).strip().splitlines() or [""])[0]
+            say(f"{name}: experiment failed: {type(exc).__name__}: {cause}")
+            sections.append(Section(name, [f"**FAILED**: {type(exc).__name__}: {cause}"], [], "-",
+                                    [f"{name}: the experiment failed: {type(exc).__name__}: {cause}"]))
+    meta = {"profile": args.profile, "backend": backend, "dataset": dataset, "dataset_source": source,
+            "when": time.strftime("%Y-%m-%d %H:%M"), "seconds": time.monotonic() - started}
+    path = write_results(out, meta, sections)
+    failures = [f for section in sections for f in section.failures]
+    say(f"wrote {path} and {len(list(out.glob('*.png')))} figures in {meta['seconds']:.0f} s")
+    if failures:
+        say(f"INCOMPLETE: {len(failures)} experiment(s) or run(s) failed (listed at the top of {path}):")
+        for failure in failures:
+            say(f"  {failure}")
+        return 1
+    return 0

@@ -1,0 +1,204 @@
+"""The experiments of `make figures`, one function each, listed in :data:`EXPERIMENTS` in the order
+they run. Each takes (profile, out, backend, dataset, say) and returns its :class:`Section`; the
+driver turns an exception into a failed section, so one broken experiment never hides the
+others' results nor passes for a result. A new experiment: a function here and its line in
+:data:`EXPERIMENTS`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from analysis import figures
+from analysis.runs import load_collection, load_run
+
+from emulator.experiments.paper.availability import availability_experiment
+from emulator.experiments.paper.plots import ingress_figure, method_figures, sweep_figures
+from emulator.experiments.paper.profiles import LINKS, PAPER, Profile
+from emulator.experiments.paper.results import Section
+from emulator.experiments.paper.runner import run_comparison, run_failure, run_sweep_into
+from emulator.experiments.paper.tables import (
+    authors_bytes_per_update,
+    fmt,
+    interval_cell,
+    methods_section,
+    negate,
+    repeated_methods_section,
+    sweep_section,
+)
+
+
+def methods_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+    from analysis.byte_bases import real_gradient
+
+    methods = run_comparison("methods", list(profile.methods), profile.overrides("methods", dataset), profile.repeat, out, backend, say)
+    layout, grads = real_gradient(dataset)
+    authors = authors_bytes_per_update(methods["table"]["methods"], Path(methods["directory"]), layout, grads)
+    if methods["repeat"] > 1:
+        body, failures = repeated_methods_section(methods, authors)
+    else:
+        body, failures = methods_section(methods, authors)
+    body += ["", "The authors' format is their released code's message, a Python 2 pickle, for one push of the same "
+             "method on a real batch-10 gradient (section below); its totals count each run's applied updates at that size."]
+    return Section("Accuracy and bytes per method", body, method_figures(methods, out), methods["command"], failures)
+
+
+def staleness_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+    """Comp-c against AdaComp at each worker count: the delay d of applied updates, the share
+    sigma / d AdaComp's rule divides by, and AdaComp's accuracy minus Comp-c's (paired)."""
+    import pandas as pd
+
+    from analysis.staleness import staleness_by_workers, staleness_figures
+
+    if not profile.staleness_workers:
+        return Section("Staleness against the number of workers", ["Not in this profile."], [], "-")
+    base = profile.overrides("staleness", dataset)
+    lines = ["| workers | method | runs | d: median | d: 95th pct | d: max | sigma / d: median | sigma = 0 (share of updates) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    differences = ["", "AdaComp minus Comp-c, final accuracy, paired by seed (mean and 95 % Student-t interval):", "",
+                   "| workers | difference | verdict |", "|---:|---|---|"]
+    groups: dict[tuple[str, int], list] = {}
+    failures, commands = [], []
+    for workers in profile.staleness_workers:
+        result = run_comparison(f"staleness-{workers}", list(profile.staleness_methods), [*base, f"workers[0].count={workers}"],
+                                profile.staleness_repeat, out, backend, say)
+        commands.append(result["command"])
+        directory = Path(result["directory"])
+        for row in result["table"]["methods"]:
+            why = run_failure(directory / row["run_id"])
+            if why:
+                failures.append(f"staleness ({workers} workers): {row['method']} ({row['run_id']}): {why}")
+                continue
+            groups.setdefault((row["method"], workers), []).append(load_run(directory / row["run_id"]).updates)
+        for method in profile.staleness_methods:
+            tables = groups.get((method, workers), [])
+            if not tables:
+                continue
+            got = staleness_figures(pd.concat(tables, ignore_index=True))
+            lines.append(f"| {workers} | {method} | {len(tables)} | {fmt(got['d_median'], '.0f')} | {fmt(got['d_p95'], '.0f')} | "
+                         f"{got['d_max'] if got['d_max'] is not None else '-'} | {fmt(got['sigma_over_d_median'], '.3f')} | "
+                         f"{fmt(got['sigma_zero_share'], '.2f')} |")
+        for pair in result["table"].get("pairs", []):
+            accuracy = pair["final_accuracy"]
+            cell = (f"{accuracy['mean']:+.4f} ± {accuracy['half_width']:.4f} ({accuracy['n']})" if accuracy.get("half_width") is not None
+                    else (f"{accuracy['mean']:+.4f} ({accuracy['n']})" if accuracy.get("mean") is not None else "-"))
+            verdict = {"A better": f"{pair['a']} better", "B better": f"{pair['b']} better"}.get(accuracy["verdict"], accuracy["verdict"])
+            differences.append(f"| {workers} | {pair['b']} - {pair['a']}: {negate(cell)} | {verdict} |")
+    images = []
+    fig = staleness_by_workers(groups)
+    if fig is not None:
+        figures.save(fig, out / "staleness_vs_workers.png")
+        images.append("staleness_vs_workers.png")
+    body = ["d: updates applied between a worker's pull and its push; sigma: per pushed coordinate, the updates that "
+            "touched it in that window (AdaComp's divisor; recorded for AdaComp only); sigma / d near 0 means AdaComp's "
+            "step is almost Comp-c's.", "", *lines, *differences]
+    return Section("Staleness against the number of workers", body, images, " ; ".join(commands), failures)
+
+
+def two_way_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+    """Beyond the paper: the model pull measured and compressed like the push. Per link profile and
+    worker count, the methods with paired repeats: final accuracy and time to target (intervals),
+    up / down / two-way bytes per update, and the server's CPU per update."""
+    from analysis.runs import server_cpu_per_update, traffic_both_ways
+    from analysis.sweep import mean_ci
+
+    if not profile.two_way_workers:
+        return Section("Both directions of traffic", ["Not in this profile."], [], "-")
+    base = profile.overrides("two_way", dataset)
+    body = ["The paper compressed the push only; after every push each worker pulled the whole model. Here the pull is "
+            "dense (as the paper), a lossless delta (the coordinates changed since the worker's copy), or a delta with "
+            "8-bit values and error compensation (`pull.values=q8`).", ""]
+    failures, commands, images = [], [], []
+    for link in profile.two_way_links:
+        title, link_sets = LINKS[link]
+        for workers in profile.two_way_workers:
+            result = run_comparison(f"two-way-{link}-{workers}", list(profile.two_way_methods),
+                                    [*base, *link_sets, f"workers[0].count={workers}"], profile.two_way_repeat, out, backend, say)
+            commands.append(result["command"])
+            directory = Path(result["directory"])
+            body += [f"### {title}, {workers} workers", "",
+                     "| method | final accuracy | time to target (s) | up B / update | down B / update | two-way B / update | "
+                     "server CPU / update (ms) |", "|---|---|---|---:|---:|---:|---|"]
+            per_second, cpu = {}, {}
+            for row in result["table"]["methods"]:
+                why = run_failure(directory / row["run_id"])
+                if why:
+                    failures.append(f"two-way ({title}, {workers} workers): {row['method']} ({row['run_id']}): {why}")
+                    continue
+                run = load_run(directory / row["run_id"])
+                used = server_cpu_per_update(run.stats, run.summary.get("updates_applied"))
+                cpu.setdefault(row["method"], []).append(None if used is None else used * 1000)
+                per_second.setdefault(row["method"], traffic_both_ways(run.traffic))  # the first repetition's
+            for entry in result["table"]["aggregate"]:
+                n, mean, half = mean_ci(v for v in cpu.get(entry["method"], []) if v is not None)
+                body.append(f"| {entry['method']}{(' (' + entry['flagged'] + ')') if entry.get('flagged') else ''} | "
+                            f"{interval_cell(entry['final_accuracy'], '.4f')} | {interval_cell(entry['time_to_target'], '.1f')} | "
+                            f"{interval_cell(entry['bytes_per_update'], ',.0f')} | "
+                            f"{interval_cell(entry['down_bytes_per_update'], ',.0f')} | "
+                            f"{interval_cell(entry['two_way_bytes_per_update'], ',.0f')} | "
+                            f"{interval_cell({'n': n, 'mean': None if n == 0 else mean, 'half_width': None if half != half else half}, '.2f')} |")
+            body.append("")
+            fig = figures.traffic_both_ways(per_second)
+            if fig is not None:
+                name = f"two_way_{link}_{workers}.png"
+                fig.axes[0].set_title(f"Traffic at the server, both directions: {title}, {workers} workers")
+                figures.save(fig, out / name)
+                images.append(name)
+    body.append("Intervals: mean ± 95 % Student-t half-width over the paired repetitions (n); time to target over the runs that "
+                "reached it (the target is 90 % of the best method's mean final accuracy in the same comparison). Paired "
+                "differences with verdicts: each comparison's compare.md.")
+    return Section("Both directions of traffic", body, images, " ; ".join(commands), failures)
+
+
+def bytes_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+    """One push measured on both bases across c: no run, one real gradient of the paper's CNN."""
+    from analysis.byte_bases import markdown, measure, real_gradient
+
+    layout, grads = real_gradient(dataset)
+    body = [f"One batch-10 gradient of the paper's CNN on {dataset} at its initial weights, pushed dense and as "
+            "top-k at each c, measured on the compact wire this emulator sends (the real codec and frame) and in the "
+            "authors' own format (their 5-byte frame and Python 2 cPickle protocol 2 message, rebuilt byte for "
+            "byte by analysis/byte_bases.py).", "", *markdown(measure(layout, grads))]
+    return Section("Bytes per update on both bases", body, [], f"python -m analysis.byte_bases --dataset {dataset}")
+
+
+def ingress_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+    grid = ["workers[0].count=" + ",".join(map(str, profile.ingress_workers))]
+    if not any(o.startswith("method") for o in profile.ingress_overrides):
+        grid.append("method={name: asgd},{name: adacomp, c: 0.01}")
+    overrides = profile.overrides("ingress", dataset)
+    ingress = run_sweep_into("ingress", PAPER / "ingress.yaml", grid, overrides, out, backend, say, profile.sweep_repeat)
+    collection = load_collection(ingress["directory"])
+    images = []
+    fig = ingress_figure(collection)
+    if fig is not None:
+        figures.save(fig, out / "ingress_vs_workers.png")
+        images.append("ingress_vs_workers.png")
+    body, failures = sweep_section(collection, list(collection.grid), "ingress")
+    return Section("Server ingress against the number of workers", body, images, ingress["command"], failures)
+
+
+def _device_sweep(name: str, title: str, scenario: str, key: str, values: str):
+    """One device setting swept over the profile's ``values`` (an attribute name), with its overrides."""
+
+    def experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+        result = run_sweep_into(name, PAPER / scenario, [f"{key}={','.join(getattr(profile, values))}"],
+                                profile.overrides(name, dataset), out, backend, say, profile.sweep_repeat)
+        collection = load_collection(result["directory"])
+        body, failures = sweep_section(collection, list(collection.grid), name)
+        return Section(title, body, sweep_figures(name, collection, out, key), result["command"], failures)
+
+    return experiment
+
+
+EXPERIMENTS = {
+    "bytes": bytes_experiment,
+    "methods": methods_experiment,
+    "ingress": ingress_experiment,
+    "heterogeneity": _device_sweep("heterogeneity", "Device CPU heterogeneity", "heterogeneity.yaml", "workers[0].cpus",
+                                   "heterogeneity"),
+    "crash": _device_sweep("crash", "Device crashes", "crash.yaml", "faults.crash.rate_per_hour", "crash_rates"),
+    "staleness": staleness_experiment,
+    "two_way": two_way_experiment,
+    "availability": availability_experiment,
+}

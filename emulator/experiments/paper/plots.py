@@ -1,0 +1,123 @@
+"""The driver's own figures (bytes per method, ingress against workers, a sweep's curves and shares);
+the shared figure kinds are :mod:`analysis.figures`'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from analysis import figures
+from analysis.runs import accuracy_with_ingress, load_run, worker_shares
+
+from emulator.experiments.paper.tables import dense_reference
+
+
+def method_figures(methods: dict, out: Path) -> list[str]:
+    directory = Path(methods["directory"])
+    runs: dict[str, list] = {}  # method -> its runs (repetitions: drawn as a mean and a band)
+    for row in methods["table"]["methods"]:
+        if (directory / row["run_id"] / "summary.json").exists():
+            runs.setdefault(row["method"], []).append(load_run(directory / row["run_id"]))
+    acc = {label: [run.accuracy for run in group] for label, group in runs.items()}
+    ingress = {label: [accuracy_with_ingress(run.accuracy, run.updates) for run in group] for label, group in runs.items()}
+    made = []
+    for name, fig in (("accuracy_vs_updates", figures.accuracy_vs_updates(acc)), ("accuracy_vs_time", figures.accuracy_vs_time(acc)),
+                      ("accuracy_vs_ingress", figures.accuracy_vs_ingress(ingress)),
+                      ("staleness", figures.staleness_histogram({label: [run.updates for run in group] for label, group in runs.items()})),
+                      ("bytes_per_method", bytes_figure(methods["table"]["methods"]))):
+        if fig is not None:
+            figures.save(fig, out / f"{name}.png")
+            made.append(f"{name}.png")
+    return made
+
+
+def bytes_figure(rows: list[dict]):
+    from matplotlib.figure import Figure
+
+    rows = list({r["method"]: r for r in rows if r.get("ingress_payload_bytes") and r.get("bytes_per_update")}.values())
+    if not rows:  # one bar per method: a push's size does not change across repetitions
+        return None
+    fig = Figure(figsize=(8, 4.5), dpi=110)
+    ax = fig.add_subplot()
+    per_update = [r.get("bytes_per_update") or 0 for r in rows]
+    bars = ax.bar([r["method"] for r in rows], per_update, color=[f"C{i % 10}" for i in range(len(rows))])
+    ax.set_yscale("log")
+    ax.set_ylabel("bytes per update received by the server (log)")
+    ax.set_title("Worker-to-server bytes per update, measured")
+    dense = dense_reference(rows)
+    for bar, row in zip(bars, rows):
+        label = f"{row['bytes_per_update']:,.0f} B"
+        if dense and dense.get("bytes_per_update") and row is not dense:
+            label += f"\n{dense['bytes_per_update'] / row['bytes_per_update']:.0f}x less"
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize="small")
+    ax.tick_params(axis="x", labelrotation=20)
+    ax.margins(y=0.25)
+    fig.tight_layout()
+    return fig
+
+
+def ingress_figure(collection):
+    from matplotlib.figure import Figure
+
+    table = collection.table()
+    if table.empty:
+        return None
+    table = table[table["status"] == "completed"].copy()
+    count_key = next(k for k in collection.grid if k.endswith("count"))
+    method_key = next((k for k in collection.grid if k.startswith("method")), None)
+    table["workers"] = table[count_key].astype(int)
+    table["payload_rate"] = table["ingress_payload_bytes"] / table["duration_s"]
+    table["wire_rate"] = table["ingress_wire_bytes"] / table["duration_s"]
+    fig = Figure(figsize=(8, 4.5), dpi=110)
+    ax = fig.add_subplot()
+    groups = table.groupby(table["method"]) if method_key else [("asgd", table)]
+    for i, (label, rows) in enumerate(groups):
+        rows = rows.sort_values("workers")
+        ax.plot(rows["workers"], rows["payload_rate"] * 8 / 1e6, marker="o", color=f"C{i}", label=f"{label}: payload")
+        if rows["wire_rate"].notna().any():
+            ax.plot(rows["workers"], rows["wire_rate"] * 8 / 1e6, marker="x", linestyle="--", color=f"C{i}", label=f"{label}: on the wire")
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(table["workers"].unique()))
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    rates = table["payload_rate"].dropna()
+    log_y = len(rates) > 1 and rates.max() / max(rates.min(), 1e-9) > 20
+    if log_y:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set_xlabel("workers")
+    ax.set_ylabel("server ingress (Mbit/s" + (", log)" if log_y else ")"))
+    ax.set_title("Ingress at the parameter server against the number of workers")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def sweep_figures(name: str, collection, out: Path, label_key: str) -> list[str]:
+    """Accuracy over time per grid point, and the share of updates per worker of the last point."""
+    curves, made = {}, []
+    values = collection.values
+    for run in collection.runs:
+        if run.summary.get("status") != "completed":
+            continue
+        value = values.get(run.path.name, {}).get(label_key)
+        curves.setdefault(f"{label_key.split('.')[-1]} = {value}", []).append(run.accuracy)
+    fig = figures.accuracy_vs_time(curves)
+    if fig is not None:
+        fig.axes[0].set_title(f"Test accuracy over time: {name}")
+        figures.save(fig, out / f"{name}_accuracy_vs_time.png")
+        made.append(f"{name}_accuracy_vs_time.png")
+    if collection.runs:
+        last = collection.runs[-1]
+        shares = worker_shares(last.updates, last.worker_names)
+        cpus = {w["index"]: w["cpus"] for w in last.plan.get("workers", [])}
+        fig = figures.worker_share(shares, cpus=cpus)
+        if fig is not None:
+            figures.save(fig, out / f"{name}_worker_share.png")
+            made.append(f"{name}_worker_share.png")
+    return made
