@@ -146,8 +146,8 @@ def _rows(path: Path, shown: str):
     except OSError as exc:
         raise TraceError(shown, 0, None, f"cannot read the file: {exc.strerror}") from None
     if size > MAX_TRACE_BYTES:
-        raise TraceError(shown, 0, None, f"{size / 2**20:.0f} MiB, larger than {MAX_TRACE_BYTES >> 20} MiB: cut it first "
-                                          "(emulate traces convert --sample N keeps N devices)")
+        raise TraceError(shown, 0, None, f"{size / 2**20:.0f} MiB, larger than {MAX_TRACE_BYTES >> 20} MiB: keep fewer devices "
+                                          "(emulate traces convert --sample N does so for FedScale's files)")
     try:
         handle = open(path, encoding="utf-8", newline="")
     except OSError as exc:
@@ -564,7 +564,7 @@ def _expand_group(scenario, g: int, spec: GroupTraces, indices: list[int], horiz
 def _too_many(trace: TraceFile, spec: GroupTraces, end: float) -> _TooMany:
     return _TooMany(f"{trace.path} (with the scenario's other traces) expands into more than {MAX_TRACE_EVENTS:,} events over "
                     f"{end:g} s of training at speedup {spec.speedup:g}: lower the speedup, coarsen the trace "
-                    "(emulate traces convert --window), or shorten training.duration")
+                    "(a longer --window of emulate traces convert or generate), or shorten training.duration")
 
 
 def _emit(out: Expansion, budget: list[int], event: tuple, trace: TraceFile, spec: GroupTraces, end: float) -> None:

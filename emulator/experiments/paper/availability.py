@@ -66,9 +66,10 @@ def availability_experiment(profile, out: Path, backend: str, dataset: str, say)
             shares.setdefault(value, []).append(share)
     lines = ["| trace file | workers online, as planned (share of worker-time) |", "|---|---:|"]
     lines += [f"| {value} | {sum(s) / len(s):.0%} |" for value, s in shares.items()]
-    intro = ["Beyond the paper: the same six phones (scenarios/traces/availability.yaml) replay availability traces in "
-             "which devices are online 100 %, 70 % and 40 % of the time on average (30 minutes of trace at 20x; offline is a "
-             "pause, the worker's push waits). Each run's share online is its plan's.", "", *lines, ""]
+    intro = ["Beyond the paper: the phones of scenarios/traces/availability.yaml (six; the command says how many this "
+             "profile runs) replay availability traces in which devices are online 100 %, 70 % or 40 % of the time on average "
+             "(30 minutes of trace at 20x; offline is a pause, the worker's push waits), the same devices and offsets at each "
+             "level. Each run's share online is its plan's.", "", *lines, ""]
     return Section("Device availability from traces", intro + body, sweep_figures("availability", collection, out, KEY),
                    result["command"], failures)
 
