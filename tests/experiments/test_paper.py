@@ -106,7 +106,7 @@ def test_the_figures_pipeline_completes_on_mnist_5k_when_the_preferred_datasets_
     assert "dataset fashion-mnist: dataset 'fashion-mnist' is not available here" in done.stderr
     for section in ("Bytes per update on both bases", "Accuracy and bytes per method", "Server ingress against the number of workers",
                     "Device CPU heterogeneity", "Device crashes", "Staleness against the number of workers",
-                    "Both directions of traffic"):
+                    "Both directions of traffic", "Device availability from traces"):
         assert f"## {section}" in results
     assert "Command: `emulate compare scenarios/paper/methods.yaml" in results
     assert "| 2 | adacomp:c=0.01 | 2 |" in results  # AdaComp's staleness row: 2 workers, 2 paired runs
