@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from emulator import datasets
-from emulator.planning import methods, traces
+from emulator.planning import methods, replay
 from emulator.planning.scenario import BOUNDS, Problem, Scenario, ScenarioError, TimedEvent, resolve_targets
 from emulator.runtime.config import LINK_FIELDS, LINK_PROPERTIES, LinkConfig
 
@@ -293,7 +293,7 @@ def make_plan(s: Scenario) -> Plan:
     method = methods.resolve(s.method)
     workers = _workers(s, problems)
     horizon = s.faults.horizon or s.training.duration or DEFAULT_HORIZON_S
-    traced = traces.expand(s, workers, horizon, lambda targets: resolve_targets(targets, s))  # the same events as faults
+    traced = replay.expand(s, workers, horizon, lambda targets: resolve_targets(targets, s))  # the same events as faults
     workers, problems = traced.workers, problems + traced.problems
     scheduled = _scheduled(s, workers) + [(EventPlan(t, a, name, p, "trace"), path) for t, a, name, p, path in traced.events]
     for event, path in scheduled:

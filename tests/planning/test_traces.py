@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from emulator.cli import main
-from emulator.planning import tracegen, traces
+from emulator.planning import replay, tracegen, traces
 from emulator.planning.plan import make_plan
 from emulator.planning.problems import ScenarioError
 from emulator.planning.loader import load_scenario
@@ -134,7 +134,7 @@ def test_scaling_keeps_the_rank_and_spans_the_range(scaling):
     import numpy as np
 
     speeds = np.array([5.0, 1.0, 300.0, 2.0, 2.5])
-    cpus = traces.scale_speeds(speeds, 0.05, 0.5, scaling)
+    cpus = replay.scale_speeds(speeds, 0.05, 0.5, scaling)
     assert list(np.argsort(cpus)) == list(np.argsort(speeds))
     assert cpus.min() == pytest.approx(0.05) and cpus.max() == pytest.approx(0.5)
 
@@ -214,7 +214,7 @@ def test_a_huge_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
 
 
 def test_a_trace_that_would_exceed_the_event_cap_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(traces, "MAX_TRACE_EVENTS", 50)
+    monkeypatch.setattr(replay, "MAX_TRACE_EVENTS", 50)
     path = scenario(tmp_path, {"link.csv": "time_s,up_mbit\n0,4\n1,2\n"}, "link: link.csv\nspeedup: 10", count=2)
     message = refused(path)
     assert "workers[0].traces: link.csv (with the scenario's other traces) expands into more than 50 events" in message
