@@ -20,7 +20,7 @@ import pytest
 
 from analysis.report import build_report
 from conftest import TEST_SCENARIOS, run_scenario
-from test_analysis import write_synthetic_run
+from support.runs import write_synthetic_run
 
 CHECK_SCRIPT = """<script>
 window.addEventListener('load', function () {
@@ -90,7 +90,7 @@ def test_a_missing_figure_is_caught(chromium, tmp_path):
 
 
 def test_every_figure_of_a_sweep_report_loads_in_chromium(chromium, tmp_path):
-    from test_sweep import FakeRunner
+    from support.runs import FakeRunner
 
     from emulator.experiments.sweep import Sweep, run_sweep
 

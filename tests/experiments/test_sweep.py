@@ -1,7 +1,7 @@
 """Sweeps: grid expansion, seeds, run ids, validation, resumability, and the aggregate maths.
 
 The running is tested with a fake runner injected into :func:`emulator.experiments.sweep.run_sweep`: it
-writes the run directory a real run would (``test_analysis.write_synthetic_run``). One slow
+writes the run directory a real run would (``support.runs.write_synthetic_run``). One slow
 test runs a real 2 x 1 sweep on the local backend and reports on it.
 """
 
@@ -26,7 +26,7 @@ from emulator.experiments.sweep import (
     SEED_STRIDE, Axis, Sweep, SweepError, default_jobs, grid_points, repetition_seed, run_id, run_sweep, split_values,
 )
 from conftest import TEST_SCENARIOS
-from test_analysis import write_synthetic_run
+from support.runs import FakeRunner
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # emulator.control.rundir's rule for run directories
 
@@ -139,29 +139,6 @@ def test_the_default_concurrency_fits_the_heaviest_run_in_the_cpus(scenario):
 
 
 # -- running, with a fake runner -----------------------------------------------------------
-
-
-class FakeRunner:
-    """Writes what a real run writes; fails the runs whose id contains one of ``fail``."""
-
-    def __init__(self, fail=()):
-        self.calls: list[str] = []
-        self.fail = set(fail)
-
-    def __call__(self, run, sweep, directory):
-        self.calls.append(run.run_id)
-        if any(f in run.run_id for f in self.fail):
-            path = directory / run.run_id
-            path.mkdir()
-            (path / "summary.json").write_text(json.dumps({"status": "failed", "error": "RuntimeError: boom"}))
-            raise RuntimeError("exit status 1: boom")
-        rate = dict(run.assignments).get("faults.crash.rate_per_hour", "0")
-        spread = (run.seed % 7) / 100  # repetitions differ a little, as real ones do
-        path = write_synthetic_run(directory / run.run_id, seed=run.seed % 1000, accuracy_gain=0.8 - 0.002 * float(rate) - spread,
-                                   run_id=run.run_id, backend="local", update_bytes=2_000 if "adacomp" in run.run_id else 50_000)
-        summary = json.loads((path / "summary.json").read_text())
-        summary["plan_digest"] = run.plan_digest
-        (path / "summary.json").write_text(json.dumps(summary))
 
 
 def test_a_sweep_runs_every_point_and_records_it(scenario, tmp_path):
