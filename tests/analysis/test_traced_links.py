@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from test_analysis import write_synthetic_run
+from support.runs import write_synthetic_run
 
 from analysis import figures
 from analysis.report import build_report
