@@ -208,7 +208,7 @@ def swarm(docker_client):
 
 def labelled(docker_client, run: Path | str) -> tuple[list, list, list]:
     """A run's services, networks and containers (only this run's: the engine may be shared)."""
-    label = f"edge-emulator.control.run={Path(run).name}"
+    label = f"edge-emulator.run={Path(run).name}"
     return ([s.name for s in docker_client.services.list(filters={"label": label})],
             [n.name for n in docker_client.networks.list(filters={"label": label})],
             [c.name for c in docker_client.containers.list(all=True, filters={"label": label})])
