@@ -27,7 +27,7 @@ from emulator.backends.base import Backend, Endpoints, RunContext
 from emulator.backends.subnets import free_subnet
 
 LABEL = "edge-emulator"
-RUN_LABEL = "edge-emulator.control.run"
+RUN_LABEL = "edge-emulator.run"
 DEVICE_LABEL = "edge-emulator.device"
 SERVER_PORT = 7000
 DATA_MOUNT = "/data"

@@ -1,4 +1,7 @@
-"""The Docker backend for real: containers, shaped links, CPU quotas, faults, teardown, hardening."""
+"""The Docker backend for real: containers, shaped links, CPU quotas, faults, teardown, hardening.
+
+What every backend owes a run (records, pushes, a crash and restart, mechanisms, teardown after a
+run) is checked on this one by tests/backends/test_contract.py; here, what is Docker's own."""
 
 from __future__ import annotations
 
@@ -28,7 +31,9 @@ METHODS = {
 
 def labelled(docker_client, run: Path | None = None) -> tuple[list, list]:
     """Containers and networks of one run (by its directory), or of every run."""
-    label = f"{LABEL}.run={run.name}" if run is not None else LABEL
+    from emulator.backends.docker import RUN_LABEL
+
+    label = f"{RUN_LABEL}={run.name}" if run is not None else LABEL
     return (docker_client.containers.list(all=True, filters={"label": label}),
             docker_client.networks.list(filters={"label": label}))
 
@@ -44,9 +49,6 @@ def test_quickstart_on_docker(method, docker_client, runtime_image, tmp_path):
     payload, wire = summary["ingress_payload_bytes"], summary["ingress_wire_bytes"]
     print(f"\n{method}: payload {payload:,} B, wire {wire:,} B ({wire / payload:.3f}x), accuracy {summary['final_accuracy']:.3f}")
     assert payload < wire < 1.6 * payload
-    mechanisms = read_json(run / "mechanisms.json")
-    assert mechanisms["worker-0"]["uplink"] == "tc-htb" and mechanisms["worker-0"]["cpus"].startswith("docker")
-    assert labelled(docker_client, run) == ([], [])
 
 
 def test_links_and_cpu_quotas_measure_as_configured(docker_client, runtime_image, tmp_path):
@@ -95,12 +97,8 @@ def test_faults_are_applied_and_recorded_and_containers_are_hardened(docker_clie
     started = summary["training_started_ts"]
     crash = next(e for e in events if e.get("kind") == "fault" and e["action"] == "crash")
     restart = next(e for e in events if e.get("kind") == "fault" and e["action"] == "restart")
-    assert crash["target"] == restart["target"] == "worker-1"
     assert crash["ts"] - started == pytest.approx(6.0, abs=1.5) and restart["ts"] - started == pytest.approx(12.0, abs=1.5)
-    incarnations = [e.get("incarnation") for e in events if e.get("kind") == "connected" and e.get("worker") == 1]
-    assert incarnations == [0, 1]
     updates = read_jsonl(run / "updates.jsonl")
-    assert any(u["worker"] == 1 and u["ts"] > restart["ts"] for u in updates), "the restarted worker pushes again"
     paused = [u for u in updates if u["worker"] == 2 and started + 9 < u["ts"] < started + 12.5]
     assert not paused, "a paused worker pushes nothing"
 
@@ -115,7 +113,7 @@ def test_faults_are_applied_and_recorded_and_containers_are_hardened(docker_clie
     assert host["CpuPeriod"] == 100_000
     assert found["_network"]["Internal"] is True
     assert found["_network"]["IPAM"]["Config"][0]["Subnet"].startswith("198.1")
-    assert labelled(docker_client, run) == ([], [])
+    assert labelled(docker_client, run) == ([], [])  # after a pause, a partition and CPU changes too
 
 
 def _start_controller(tmp_path: Path) -> tuple[subprocess.Popen, Path]:

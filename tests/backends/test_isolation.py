@@ -111,7 +111,7 @@ def test_device_containers_are_isolated_and_strangers_refused(docker_client, run
             assert time.monotonic() < deadline, "training never started"
             time.sleep(0.5)
         containers = {c.labels["edge-emulator.device"]: c
-                      for c in docker_client.containers.list(filters={"label": f"edge-emulator.control.run={run_id}"})}
+                      for c in docker_client.containers.list(filters={"label": f"edge-emulator.run={run_id}"})}
         assert set(containers) == {"server", "evaluator", "worker-0", "worker-1"}
 
         for name, container in containers.items():
@@ -157,7 +157,7 @@ def test_device_containers_are_isolated_and_strangers_refused(docker_client, run
     assert len(refused) == 1 and refused[0]["source"] == "server"
     collector = [e for e in _events(run) if e.get("kind") == "collector_refused"]
     assert len(collector) == 1 and collector[0]["reason"] == "bad_token"
-    assert not docker_client.containers.list(all=True, filters={"label": f"edge-emulator.control.run={run_id}"})
+    assert not docker_client.containers.list(all=True, filters={"label": f"edge-emulator.run={run_id}"})
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="entering a network namespace needs root")

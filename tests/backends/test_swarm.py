@@ -1,5 +1,9 @@
 """The Swarm backend: its pure parts, and real runs on a single-node swarm.
 
+What every backend owes a run (records, pushes, a crash and restart, mechanisms, teardown after a
+run) is checked on this one by tests/backends/test_contract.py, which uses this file's ``swarm``
+fixture, ``labelled`` and ``node_files``; here, what is the swarm's own.
+
 The ``swarm`` fixture initialises a swarm on the local Docker engine when none is active
 (advertising 127.0.0.1 only, address pool in 198.18.0.0/15) and leaves it afterwards; an
 existing swarm is used as it is and left alone.
@@ -204,7 +208,7 @@ def swarm(docker_client):
 
 def labelled(docker_client, run: Path | str) -> tuple[list, list, list]:
     """A run's services, networks and containers (only this run's: the engine may be shared)."""
-    label = f"edge-emulator.control.run={Path(run).name}"
+    label = f"edge-emulator.run={Path(run).name}"
     return ([s.name for s in docker_client.services.list(filters={"label": label})],
             [n.name for n in docker_client.networks.list(filters={"label": label})],
             [c.name for c in docker_client.containers.list(all=True, filters={"label": label})])
@@ -244,10 +248,7 @@ def test_quickstart_on_swarm_matches_docker(swarm, runtime_image, tmp_path):
     assert payload < wire < 1.6 * payload  # the server's interface, read on its node by the agent
     stats = read_jsonl(swarm_run / "stats.jsonl")
     assert {r["device"] for r in stats} >= {"server", "evaluator", "worker-0"} and all(r["pss_bytes"] > 0 for r in stats)
-    mechanisms = read_json(swarm_run / "mechanisms.json")["worker-0"]
-    assert mechanisms["uplink"] == "tc-htb" and "agent" in mechanisms["cpus"]
-    assert (swarm_run / "logs" / "worker-0.log").exists() and (swarm_run / "logs" / "agents.log").exists()
-    assert labelled(swarm, swarm_run) == ([], [], []) and not node_files(swarm_run)
+    assert (swarm_run / "logs" / "agents.log").exists()
 
 
 @pytest.mark.docker
@@ -270,7 +271,6 @@ def test_links_and_cpu_quotas_measure_as_configured_on_swarm(swarm, runtime_imag
     mechanisms = read_json(run / "mechanisms.json")["worker-1"]
     assert mechanisms["loss"] in ("tc-netem", "iptables-statistic")
     assert mechanisms["delay"] in ("tc-netem", "transport-delay")
-    assert labelled(swarm, run) == ([], [], []) and not node_files(run)
 
 
 def _watch_worker(docker_client, found: dict, stop: threading.Event) -> None:
@@ -301,14 +301,9 @@ def test_faults_on_swarm_tasks_are_applied_and_recorded(swarm, runtime_image, tm
     started = summary["training_started_ts"]
     crash = next(e for e in events if e.get("kind") == "fault" and e["action"] == "crash")
     restart = next(e for e in events if e.get("kind") == "fault" and e["action"] == "restart")
-    assert crash["target"] == restart["target"] == "worker-1"
     # A kill goes through the node's agent; a restart is a new task (a forced service update).
     assert crash["ts"] - started == pytest.approx(6.0, abs=1.5) and restart["ts"] - started == pytest.approx(12.0, abs=3.0)
-    incarnations = [e.get("incarnation") for e in events if e.get("kind") == "connected" and e.get("worker") == 1]
-    assert incarnations == [0, 1]
     updates = read_jsonl(run / "updates.jsonl")
-    assert not any(u["worker"] == 1 and crash["ts"] + 0.5 < u["ts"] < restart["ts"] for u in updates), "a crashed worker pushes nothing"
-    assert any(u["worker"] == 1 and u["ts"] > restart["ts"] for u in updates), "the restarted worker pushes again"
     assert not [u for u in updates if u["worker"] == 2 and started + 9 < u["ts"] < started + 12.5], "a paused worker pushes nothing"
     assert not [u for u in updates if u["worker"] == 0 and started + 16 < u["ts"] < started + 19.5], "a partitioned worker pushes nothing"
 
@@ -320,7 +315,7 @@ def test_faults_on_swarm_tasks_are_applied_and_recorded(swarm, runtime_image, tm
     network = found["_network"]
     assert network["Driver"] == "overlay" and network["Internal"] is True and network["Attachable"] is True
     assert network["IPAM"]["Config"][0]["Subnet"].startswith("198.1")
-    assert labelled(swarm, run) == ([], [], []) and not node_files(run)
+    assert labelled(swarm, run) == ([], [], []) and not node_files(run)  # after a pause, a partition and CPU changes too
 
 
 @pytest.mark.docker

@@ -260,12 +260,12 @@ def _emulate(*args: str) -> list[str]:
 
 def _containers(docker_client, run_id: str | None = None) -> list[dict]:
     """Labelled containers as the daemon lists them (no inspect: they come and go meanwhile)."""
-    label = f"edge-emulator.control.run={run_id}" if run_id else "edge-emulator"
+    label = f"edge-emulator.run={run_id}" if run_id else "edge-emulator"
     return docker_client.api.containers(all=True, filters={"label": label})
 
 
 def _networks(docker_client, run_id: str) -> list[dict]:
-    return docker_client.api.networks(filters={"label": f"edge-emulator.control.run={run_id}"})
+    return docker_client.api.networks(filters={"label": f"edge-emulator.run={run_id}"})
 
 
 def _host_leftovers(foreign_runs: bool) -> list[str]:
@@ -337,7 +337,7 @@ def test_kill_and_clean_twenty_times_leaves_nothing_behind(docker_client, runtim
         cycles.append({"cycle": cycle, "containers_after_s": round(appeared, 2), "killed_after_s": round(delay, 2),
                        "lines": lines, "cut": cut, "seconds": round(time.monotonic() - t0, 1)})
     total = time.monotonic() - started
-    foreign = [c["Id"] for c in _containers(docker_client) if not c["Labels"].get("edge-emulator.control.run", "").startswith(f"chaos-{tag}-")]
+    foreign = [c["Id"] for c in _containers(docker_client) if not c["Labels"].get("edge-emulator.run", "").startswith(f"chaos-{tag}-")]
     assert _host_leftovers(bool(foreign)) == []
     print(f"\nchaos: {len(cycles)} kill/clean cycles in {total:.0f} s "
           f"(containers after {np.mean([c['containers_after_s'] for c in cycles]):.1f} s on average, "
