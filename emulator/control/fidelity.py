@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from emulator.planning.plan import DevicePlan, Plan
+from emulator.runtime.config import LINK_FIELDS
 
 RTT_FLOOR_S = 0.005  # absolute slack on round-trip times (scheduling, Python)
 # tc shapes whole frames (Ethernet + IP + TCP headers); a probe measures TCP payload. With a
@@ -61,9 +62,9 @@ def compare(plan: Plan, measured: dict[str, dict], quotas: dict[str, float | Non
             mech = mechanisms.get(device.name, {})
             for prop, own, other in (("uplink", link.uplink_bps, server.downlink_bps), ("downlink", link.downlink_bps, server.uplink_bps)):
                 line_rate = _expected_rate(own, other)
-                row = _check(_goodput(line_rate, mech.get(prop, "")), probe.get(f"{prop}_bps"), tolerance)
+                row = _check(_goodput(line_rate, mech.get(prop, "")), probe.get(LINK_FIELDS[prop]), tolerance)
                 row["line_rate"] = line_rate
-                checks[f"{prop}_bps"] = row
+                checks[LINK_FIELDS[prop]] = row
             checks["rtt_s"] = _check(2 * (link.delay_s + server.delay_s), probe.get("rtt_s"), tolerance, RTT_FLOOR_S)
             if "cpu_share" in probe:
                 checks["cpu_share"] = _check(min(device.cpus, 1.0), probe["cpu_share"], tolerance)

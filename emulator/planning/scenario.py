@@ -51,6 +51,7 @@ from emulator.planning.methods import check_method
 from emulator.planning.problems import Problem, ScenarioError, problems_from
 from emulator.planning.traces import GroupTraces, validation_context
 from emulator.runtime import models
+from emulator.runtime.config import LINK_PROPERTIES
 from emulator.runtime.downlink import PULL_MODES
 
 MAX_WORKERS = 10_000
@@ -294,7 +295,7 @@ class WorkerGroup(Strict):
             raise ValueError(f"{name!r} is a fault target of its own ({RESERVED_TARGETS[name]}); choose another group name")
         return name
 
-    @field_validator("cpus", "uplink", "downlink", "delay", "jitter", "loss")
+    @field_validator("cpus", *LINK_PROPERTIES)
     @classmethod
     def _list_matches_count(cls, value, info):
         count = info.data.get("count")  # absent when the count itself was refused

@@ -207,3 +207,11 @@ def test_the_config_module_needs_only_the_standard_library():
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'pydantic', 'compression', 'yaml', 'docker'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_scenario_declares_every_link_property_for_groups_and_link_changes():
+    """The scenario's schema spells each property out with its own type; this keeps it in step with the config."""
+    from emulator.planning.scenario import LinkChange, WorkerGroup
+
+    for model in (WorkerGroup, LinkChange):
+        assert set(LINK_PROPERTIES) <= set(model.model_fields), model.__name__
