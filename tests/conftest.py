@@ -52,3 +52,20 @@ def runtime_image(docker_client):
     from emulator.host import images
 
     return images.ensure_runtime_image(docker_client, progress=lambda line: None)
+
+
+@pytest.fixture
+def harness():
+    """Make in-process parameter servers (``support.paramserver.Harness``); each is closed after the test."""
+    from support.paramserver import Harness
+
+    made = []
+
+    def make(**overrides):
+        h = Harness(**overrides)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()

@@ -13,8 +13,8 @@ ends the process), seeded, for a bounded number of executions:
   is applicable (finite, in range, sized), a refused update leaves the model untouched, and
   the parameters stay finite.
 
-Property tests (hypothesis) cover what the unit tests of test_compression.py and
-test_compressors.py do not: every float of every part kind made NaN or Inf, duplicate,
+Property tests (hypothesis) cover what the unit tests of tests/compression/ and
+do not: every float of every part kind made NaN or Inf, duplicate,
 disordered and out-of-range indices in both index codings, any other body length, bodies read
 under other flags, every unknown version, type, kind and flag byte; and the server counting
 every refusal by reason in its traces.
@@ -594,7 +594,7 @@ def test_json_bodies_that_break_the_json_module_are_bad_json(body):
 
 
 def test_the_server_counts_every_refusal_by_reason_in_its_traces():
-    from test_paramserver import LAYOUT as PS_LAYOUT, Harness, update
+    from support.paramserver import LAYOUT as PS_LAYOUT, Harness, update
 
     h = Harness(learning_rate=1.0)
     try:

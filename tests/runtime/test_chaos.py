@@ -33,8 +33,7 @@ from conftest import ROOT
 from emulator.control.rundir import STREAMS, read_jsonl
 from emulator.runtime import protocol
 from emulator.runtime.protocol import HEADER, MsgType
-from test_paramserver import harness  # noqa: F401 (a fixture, used by name)
-from test_paramserver import LAYOUT, TIMEOUT, TOKEN, expected_step, update
+from support.paramserver import LAYOUT, TIMEOUT, TOKEN, expected_step, update
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 
@@ -119,7 +118,7 @@ def test_many_workers_dying_mid_frame_while_others_push():
     """Eight workers push in a loop while eight others die mid-frame, again and again."""
     import threading
 
-    from test_paramserver import Harness
+    from support.paramserver import Harness
 
     h = Harness(rule="plain")
     try:

@@ -24,7 +24,7 @@ from emulator.runtime.config import CheckpointConfig, PullConfig
 from emulator.runtime.downlink import ChangeLog, Holding, ModelCopy
 from emulator.runtime.paramserver import ParameterServer
 from emulator.runtime.protocol import HEADER, Flag, MsgType
-from test_paramserver import TIMEOUT, TOKEN, Client, RecordingTelemetry, harness, server_config  # noqa: F401 (a fixture)
+from support.paramserver import TIMEOUT, Client, RecordingTelemetry, server_config
 
 BIG = Layout((TensorSpec("kernel", (30, 20)), TensorSpec("bias", (8,)), TensorSpec("out", (50,))))  # 600, 8, 50
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -329,7 +329,7 @@ def counted(server, worker, key, value):
 
 
 def test_a_push_flagged_no_model_is_answered_with_an_ack(harness):
-    from test_paramserver import update
+    from support.paramserver import update
 
     h = harness()
     h.start()
@@ -348,7 +348,7 @@ def test_a_push_flagged_no_model_is_answered_with_an_ack(harness):
 
 
 def w_layout():
-    from test_paramserver import LAYOUT
+    from support.paramserver import LAYOUT
 
     return LAYOUT
 
