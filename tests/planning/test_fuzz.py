@@ -13,7 +13,7 @@ ends the process), seeded, for a bounded number of executions:
   is applicable (finite, in range, sized), a refused update leaves the model untouched, and
   the parameters stay finite.
 
-Property tests (hypothesis) cover what the unit tests of tests/compression/ and
+Property tests (hypothesis) cover what the unit tests of tests/compression/
 do not: every float of every part kind made NaN or Inf, duplicate,
 disordered and out-of-range indices in both index codings, any other body length, bodies read
 under other flags, every unknown version, type, kind and flag byte; and the server counting
