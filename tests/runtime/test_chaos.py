@@ -276,6 +276,8 @@ def _networks(docker_client, run_id: str) -> list[dict]:
 
 def _phase(run: Path) -> str:
     """How far the run had got when it was killed, from what it wrote."""
+    if not run.exists():
+        return "loading"  # killed before it made its run directory
     if (run / "summary.json").exists():
         return json.loads((run / "summary.json").read_text()).get("status", "?")
     kinds = {e.get("kind") for e in read_jsonl(run / "events.jsonl")} if (run / "events.jsonl").exists() else set()
@@ -406,7 +408,7 @@ def test_kill_and_clean_twenty_times_leaves_nothing_behind(docker_client, runtim
         is_run = not result["phase"].startswith("image")
         assert _leftovers(docker_client, run_id if is_run else None, result["pid"], result["seen"]) == [], (cycle, result["phase"], clean.stdout)
         lines = cut = 0
-        if is_run:
+        if is_run and (out / run_id).exists():
             run = out / run_id
             lines, cut = _check_streams(run)
             if result["phase"] == "completed":
