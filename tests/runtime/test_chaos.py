@@ -4,8 +4,8 @@
   drops the partial frame, counts it (``partial_frame`` in its rejections), keeps serving the
   others meanwhile, and takes the same worker id back when it reconnects.
 * Docker (slow): ``emulate run`` (or, every fifth cycle, ``emulate images build --force``) started
-  and SIGKILLed at a seeded random moment (image build, device start, training, teardown, or
-  after the end), then a plain ``emulate clean``, ``EMU_CHAOS_CYCLES`` times (20 for the full
+  and SIGKILLed at a seeded random moment, in turn during the image build, the devices' start,
+  their boot, training and teardown, then a plain ``emulate clean``, ``EMU_CHAOS_CYCLES`` times (20 for the full
   test). Nothing of the cycle may be left: no container or network of the run, no cgroup of its
   containers, no host veth of theirs (the downlink qdiscs live there), no probe link or
   iptables chain of the killed controller, no build context; a killed run's directory holds its
@@ -241,9 +241,16 @@ def test_analysis_loaders_read_a_killed_run(tmp_path):
 # Docker: kill the controller at random moments (image build, device start, training, teardown), clean
 
 CHAOS_CYCLES = int(os.environ.get("EMU_CHAOS_CYCLES", 5))
-CHAOS_HORIZON_S = float(os.environ.get("EMU_CHAOS_HORIZON", 50))  # kills land uniformly in [0.3 s, this] after the start
 CHAOS_SEED = int(os.environ.get("EMU_CHAOS_SEED", 6))
-BUILD_EVERY = 5  # cycle 2, 7, 12, ... kills a forced image build instead of a run
+# Where each cycle's kill lands, in turn: the event after which it waits, and for how long at most
+# (seeded uniform). None: an image build, killed 0.3-2 s after it starts.
+TARGETS = (
+    ("image build", None, 2.0),
+    ("device start", "run_started", 4.0),  # containers being created and started
+    ("boot", "devices_started", 10.0),  # TensorFlow loading in the devices, links probed
+    ("training", "training_started", 8.0),
+    ("teardown", "training_done", 2.0),  # final evaluation, logs, container removal
+)
 CHAOS_SCENARIO = """\
 # Small and shaped: every device gets an htb class and a netem leaf, so a kill leaves qdiscs to find.
 name: chaos
@@ -345,20 +352,32 @@ def _leftovers(docker_client, run_id: str | None, controller: int, seen: dict) -
     return found
 
 
-def _cycle_run(docker_client, scenario: Path, out: Path, run_id: str, delay: float, log: Path) -> dict:
+def _events(run: Path) -> set:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a line being written
+        return {e.get("kind") for e in read_jsonl(run / "events.jsonl")}
+
+
+def _cycle_run(docker_client, scenario: Path, out: Path, run_id: str, after: str, most_s: float, rng, log: Path) -> dict:
+    """A run killed a random moment (up to ``most_s``) after its event ``after``, or when it ends."""
     t0 = time.monotonic()
     seen: dict = {}
+    delay = rng.uniform(0.0, most_s)
+    kill_at = None
     with open(log, "w") as fh:
         proc = subprocess.Popen(_emulate("run", str(scenario), "--backend", "docker", "--out", str(out), "--run-id", run_id,
                                          "--no-fidelity", "--quiet"), cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
         try:
-            while time.monotonic() - t0 < delay and proc.poll() is None:
+            while proc.poll() is None and (kill_at is None or time.monotonic() < kill_at):
+                assert time.monotonic() - t0 < 600, f"{run_id}: {after} never came"
+                if kill_at is None and after in _events(out / run_id):
+                    kill_at = time.monotonic() + delay
                 _watch(docker_client, run_id, seen)
-                time.sleep(0.2)
+                time.sleep(0.1)
         finally:  # also when the test fails: nothing of it may outlive it
             proc.send_signal(signal.SIGKILL)
             code = proc.wait(timeout=30)
-    return {"pid": proc.pid, "seen": seen, "exit": code, "phase": _phase(out / run_id), "seconds": time.monotonic() - t0}
+    return {"pid": proc.pid, "seen": seen, "exit": code, "phase": _phase(out / run_id), "delay": delay, "seconds": time.monotonic() - t0}
 
 
 def _cycle_build(delay: float, log: Path) -> dict:
@@ -374,14 +393,14 @@ def _cycle_build(delay: float, log: Path) -> dict:
             code = proc.wait(timeout=30)
     text = log.read_text()
     phase = "image built" if code == 0 else ("image build" if "[build] building" in text else "image build (context)")
-    return {"pid": proc.pid, "seen": {}, "exit": code, "phase": phase, "seconds": time.monotonic() - t0}
+    return {"pid": proc.pid, "seen": {}, "exit": code, "phase": phase, "delay": delay, "seconds": time.monotonic() - t0}
 
 
 @pytest.mark.docker
 @pytest.mark.slow
 def test_kill_and_clean_twenty_times_leaves_nothing_behind(docker_client, runtime_image, tmp_path):
-    """EMU_CHAOS_CYCLES kills (20 for the full test; 5 by default), at seeded random moments:
-    every fifth an image build, the others a run anywhere from its start to past its end. After
+    """EMU_CHAOS_CYCLES kills (20 for the full test; 5 by default), at seeded random moments, in
+    turn during an image build, the devices' start, their boot, training and teardown. After
     each, a plain ``emulate clean`` (orphans only: other users' live runs stay). Nothing of the
     cycle may be left, a killed run keeps only its records, a completed one all of them."""
     rng = random.Random(CHAOS_SEED)
@@ -394,12 +413,11 @@ def test_kill_and_clean_twenty_times_leaves_nothing_behind(docker_client, runtim
     for cycle in range(CHAOS_CYCLES):
         run_id = f"chaos-{tag}-{cycle:02d}"
         log = tmp_path / f"{run_id}.log"
-        if cycle % BUILD_EVERY == 2:
-            delay = rng.uniform(0.3, 2.0)
-            result = _cycle_build(delay, log)
+        target, after, most_s = TARGETS[cycle % len(TARGETS)]
+        if after is None:
+            result = _cycle_build(rng.uniform(0.3, most_s), log)
         else:
-            delay = rng.uniform(0.3, CHAOS_HORIZON_S)
-            result = _cycle_run(docker_client, scenario, out, run_id, delay, log)
+            result = _cycle_run(docker_client, scenario, out, run_id, after, most_s, rng, log)
         t0 = time.monotonic()
         clean = subprocess.run(_emulate("clean"), cwd=ROOT, capture_output=True, text=True, timeout=300)
         clean_s = time.monotonic() - t0
@@ -411,12 +429,13 @@ def test_kill_and_clean_twenty_times_leaves_nothing_behind(docker_client, runtim
         if is_run and (out / run_id).exists():
             run = out / run_id
             lines, cut = _check_streams(run)
-            if result["phase"] == "completed":
-                assert cut == 0 and json.loads((run / "summary.json").read_text())["updates_applied"] > 0
+            if (run / "summary.json").exists():  # it ended before the kill: every record written and closed
+                assert cut == 0, (cycle, result["phase"])
+                assert result["phase"] != "completed" or json.loads((run / "summary.json").read_text())["updates_applied"] > 0
             else:
                 stray = sorted(p.name for p in run.iterdir() if p.name not in RECORDS)
                 assert stray == [], (cycle, result["phase"], stray)
-        cycles.append({"cycle": cycle, "phase": result["phase"], "killed_after_s": round(delay, 2), "lines": lines, "cut": cut,
+        cycles.append({"cycle": cycle, "target": target, "phase": result["phase"], "delay_s": round(result["delay"], 2), "lines": lines, "cut": cut,
                        "containers": len(result["seen"]), "clean_s": round(clean_s, 1), "seconds": round(time.monotonic() - t0 + result["seconds"], 1)})
     total = time.monotonic() - started
     phases: dict[str, int] = {}
