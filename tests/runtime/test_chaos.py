@@ -274,11 +274,15 @@ def _emulate(*args: str) -> list[str]:
 
 def _containers(docker_client, run_id: str) -> list[dict]:
     """A run's containers as the daemon lists them (no inspect: they come and go meanwhile)."""
-    return docker_client.api.containers(all=True, filters={"label": f"edge-emulator.control.run={run_id}"})
+    from emulator.backends.docker import RUN_LABEL
+
+    return docker_client.api.containers(all=True, filters={"label": f"{RUN_LABEL}={run_id}"})
 
 
 def _networks(docker_client, run_id: str) -> list[dict]:
-    return docker_client.api.networks(filters={"label": f"edge-emulator.control.run={run_id}"})
+    from emulator.backends.docker import RUN_LABEL
+
+    return docker_client.api.networks(filters={"label": f"{RUN_LABEL}={run_id}"})
 
 
 def _phase(run: Path) -> str:
