@@ -23,7 +23,7 @@ help:
 	@echo "make figures    the paper's experiments (as root: installs Docker, Fashion-MNIST), figures/*.png and figures/results.md (FAST=1: minutes; PROFILE=paper: the paper's regime, hours)"
 	@echo "make bench      the benchmark suite (as root: installs Docker, Fashion-MNIST), .bench/results.json and .bench/results.md (QUICK=1)"
 	@echo "make profile    where a run's CPU goes: py-spy (pip, into .venv) over $(SCENARIO) on the local backend, .bench/profile.svg"
-	@echo "make clean      remove every container, network and cgroup of the emulator, and runs/, figures/, .bench/"
+	@echo "make clean      remove what killed runs left (emulate clean: live runs stay), and runs/, figures/, .bench/"
 
 setup: $(STAMP)
 

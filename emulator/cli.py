@@ -267,18 +267,26 @@ def schema():
 
 
 @main.command()
-@click.option("--run", "run_id", default=None, help="Only this run's resources.")
-def clean(run_id):
-    """Remove every resource the emulator created (processes' cgroups, containers, networks, qdiscs)."""
+@click.option("--run", "run_id", default=None, help="Only this run's resources, removed even while it runs (said first).")
+@click.option("--all", "everything", is_flag=True,
+              help="Every labelled resource: live runs', other hosts' and those without owner labels too.")
+def clean(run_id, everything):
+    """Remove what killed runs left: containers, networks, Swarm services, cgroups (with the
+    qdiscs and iptables rules in them), probe links and chains, working files. A resource goes
+    when its controller (host, boot, pid, start time) is gone; what stays is listed, with why."""
     if run_id is not None:
         try:
             check_run_id(run_id)  # it names a cgroup subtree: '..' would reach every process's
         except RunIdError as exc:
             _fail(f"--run: {exc}")
-    removed = cleanup.clean_all(run_id, say=_say)
-    click.echo(f"removed {len(removed)} resource(s)")
-    for item in removed:
+    done = cleanup.clean_all(run_id, say=_say, everything=everything)
+    click.echo(f"removed {len(done.removed)} resource(s)")
+    for item in done.removed:
         click.echo(f"  {item}")
+    if done.kept:
+        click.echo(f"kept {len(done.kept)} run(s)' resources:")
+        for item in done.kept:
+            click.echo(f"  {item}")
 
 
 @main.group()

@@ -6,7 +6,9 @@ quota set through ``cpu_period``/``cpu_quota`` so it can change live. The run ge
 ``--internal`` bridge network in 198.18.0.0/15; the controller's collector listens on that
 network's gateway. Links are shaped from the host in each container's namespace
 (:mod:`emulator.host.links`), so containers need no NET_ADMIN. Everything is labelled with the
-run id; :func:`remove_labelled` finds and removes it after any crash.
+run id, an instance key (names carry it too: two runs of the same id never share a name), the
+run directory and the controller that owns it (:mod:`emulator.host.owner`); the run's teardown
+removes its own instance's, and ``emulate clean`` what a killed controller left.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import secrets
 import threading
 import time
 from typing import Callable
@@ -21,14 +24,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from emulator.host import links, procstats
+from emulator.host.owner import Owner
 from emulator.planning.plan import DevicePlan, LinkPlan
 from emulator.runtime.config import DeviceConfig
 from emulator.backends.base import Backend, Endpoints, RunContext
-from emulator.backends.subnets import free_subnet
+from emulator.backends.subnets import create_network
 
 LABEL = "edge-emulator"
 RUN_LABEL = "edge-emulator.run"
 DEVICE_LABEL = "edge-emulator.device"
+INSTANCE_LABEL = "edge-emulator.instance"  # one run's key: run ids repeat (a sweep's, in two sweep directories)
+RUNDIR_LABEL = "edge-emulator.rundir"  # where its records go: clean removes a killed run's working files there
 SERVER_PORT = 7000
 DATA_MOUNT = "/data"
 CONFIG_MOUNT = "/etc/emulator"
@@ -89,24 +95,33 @@ class DockerBackend(Backend):
         from emulator.host import images
 
         self.ctx = ctx
+        self.instance = secrets.token_hex(3)
+        self.owner = Owner.current()
         if self.image is None:
             self.image = images.ensure_runtime_image(self.docker, progress=self.say)
-        subnet = free_subnet(self.docker, len(devices))
-        gateway = str(subnet.network_address + 1)
-        self.server_ip = server_ip = str(subnet.network_address + 2)
         import docker.types
 
-        ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet), gateway=gateway)])
-        self.network = self.docker.networks.create(
-            f"emu-{ctx.run_id}", driver="bridge", internal=True, ipam=ipam,
-            labels={LABEL: "1", RUN_LABEL: ctx.run_id},
-        )
+        def make(subnet):
+            gateway = str(subnet.network_address + 1)
+            ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet), gateway=gateway)])
+            return self.docker.networks.create(f"emu-{ctx.run_id}-{self.instance}", driver="bridge", internal=True, ipam=ipam,
+                                               labels=self.labels())
+
+        self.network, subnet = create_network(self.docker, len(devices), make)
+        gateway = str(subnet.network_address + 1)
+        self.server_ip = server_ip = str(subnet.network_address + 2)
         (Path(ctx.run_dir) / "devices").mkdir(exist_ok=True)
         checkpoints = Path(ctx.run_dir) / "checkpoint"
         checkpoints.mkdir(exist_ok=True)
         os.chown(checkpoints, DEVICE_UID, DEVICE_UID)  # the only writable mount, the server's alone
         os.chmod(checkpoints, 0o700)
         return Endpoints(gateway, gateway, ("0.0.0.0", SERVER_PORT), (server_ip, SERVER_PORT), DATA_MOUNT, CHECKPOINT_MOUNT)
+
+    def labels(self, device: str | None = None) -> dict[str, str]:
+        """What every object of this run carries: the run, its instance, its directory, its owner."""
+        labels = {LABEL: "1", RUN_LABEL: self.ctx.run_id, INSTANCE_LABEL: self.instance,
+                  RUNDIR_LABEL: str(Path(self.ctx.run_dir).resolve()), **self.owner.labels()}
+        return {**labels, DEVICE_LABEL: device} if device is not None else labels
 
     def mechanisms(self, device):
         return {"cpus": "docker-cpu-quota (cgroup cfs)", **links.plan_mechanisms(self.features, device.link)}
@@ -141,8 +156,8 @@ class DockerBackend(Backend):
         )
         created = self.docker.api.create_container(
             self.image, command=["python", "-m", f"emulator.runtime.{MODULES[device.role]}", f"{CONFIG_MOUNT}/config.json"],
-            name=f"emu-{self.ctx.run_id}-{device.name}", user="10001:10001", host_config=host_config,
-            networking_config=networking, labels={LABEL: "1", RUN_LABEL: self.ctx.run_id, DEVICE_LABEL: device.name},
+            name=f"emu-{self.ctx.run_id}-{self.instance}-{device.name}", user="10001:10001", host_config=host_config,
+            networking_config=networking, labels=self.labels(device.name),
             environment={"OMP_NUM_THREADS": str(max(1, int(device.cpus + 0.999)))}, detach=True,
         )
         return self.docker.containers.get(created["Id"])
@@ -281,7 +296,7 @@ class DockerBackend(Backend):
         try:
             self.collect_logs()
         finally:
-            remove_labelled(self.ctx.run_id, self.docker, rounds=TEARDOWN_ROUNDS, say=self.say)
+            remove_labelled(self.ctx.run_id, self.docker, rounds=TEARDOWN_ROUNDS, say=self.say, instance=self.instance)
             self.containers.clear()
             self.network = None
 
@@ -309,14 +324,15 @@ def _cgroup_usage(container_id: str) -> dict | None:
 
 
 def remove_labelled(run_id: str | None = None, docker_client=None, *, rounds: int = 1,
-                    say: Callable[[str], None] | None = None) -> list[str]:
-    """Remove containers and networks carrying our label (one run's, or every run's).
+                    say: Callable[[str], None] | None = None, instance: str | None = None) -> list[str]:
+    """Remove containers and networks carrying our label (one run's, one instance of it, or every
+    run's), whoever owns them: a run's own teardown, and ``emulate clean --run``/``--all``.
 
     With ``rounds`` > 1 it looks again, a second apart, until nothing labelled is left: a daemon
     under load can fail a forced removal, and a controller killed while creating containers leaves
     requests the daemon still completes. What is still there at the end is said, not swallowed."""
     docker_client = docker_client or client(timeout=30)
-    label = f"{RUN_LABEL}={run_id}" if run_id else LABEL
+    label = [f"{RUN_LABEL}={run_id}" if run_id else LABEL] + ([f"{INSTANCE_LABEL}={instance}"] if instance else [])
     removed: list[str] = []
     for attempt in range(rounds):
         removed += _remove_once(label, docker_client)
@@ -332,19 +348,41 @@ def remove_labelled(run_id: str | None = None, docker_client=None, *, rounds: in
     return removed
 
 
-def _remove_once(label: str, docker_client) -> list[str]:
+def _remove_once(label, docker_client) -> list[str]:
+    return remove_objects(docker_client, labelled(docker_client, label))
+
+
+def labelled(docker_client, label=LABEL) -> list[dict]:
+    """Containers, then networks, carrying ``label`` (a filter or a list of them, all to match):
+    ``{"kind", "id", "name", "labels"}`` each, as the daemon lists them (no inspect: they come and
+    go meanwhile)."""
+    found = [{"kind": "container", "id": c["Id"], "name": (c.get("Names") or ["/" + c["Id"][:12]])[0].lstrip("/"),
+              "labels": c.get("Labels") or {}} for c in docker_client.api.containers(all=True, filters={"label": label})]
+    return found + [{"kind": "network", "id": n["Id"], "name": n["Name"], "labels": n.get("Labels") or {}}
+                    for n in docker_client.api.networks(filters={"label": label})]
+
+
+def remove_objects(docker_client, objects: list[dict]) -> list[str]:
+    """Remove the containers, then the networks, of ``objects`` (as :func:`labelled` lists them);
+    returns a line for each, saying so when it could not be removed."""
+    import docker.errors
+
     removed = []
-    for container in docker_client.containers.list(all=True, filters={"label": label}, ignore_removed=True):
+    for obj in (o for o in objects if o["kind"] == "container"):
         try:
-            container.remove(force=True)
-            removed.append(f"container {container.name}")
+            docker_client.api.remove_container(obj["id"], force=True)
+            removed.append(f"container {obj['name']}")
+        except docker.errors.NotFound:
+            pass  # gone meanwhile (its run's own teardown)
         except Exception as exc:  # noqa: BLE001 - report, keep cleaning
-            removed.append(f"container {container.name} NOT removed: {exc}")
-    for network in docker_client.networks.list(filters={"label": label}):
+            removed.append(f"container {obj['name']} NOT removed: {exc}")
+    for obj in (o for o in objects if o["kind"] == "network"):
         for _ in range(5):
             try:
-                network.remove()
-                removed.append(f"network {network.name}")
+                docker_client.api.remove_network(obj["id"])
+                removed.append(f"network {obj['name']}")
+                break
+            except docker.errors.NotFound:
                 break
             except Exception:  # noqa: BLE001 - endpoints still detaching
                 time.sleep(0.5)

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from emulator.host import cgroups, procstats
+from emulator.host.owner import Owner
 from emulator.planning.plan import DevicePlan, LinkPlan
 from emulator.backends.base import Backend, Endpoints, RunContext
 
@@ -97,6 +98,7 @@ class LocalBackend(Backend):
 
     def prepare(self, ctx, devices):
         self.ctx = ctx
+        self.owner = Owner.current()  # names the run's cgroups, so that clean tells a killed run's from a live one's
         port = free_port()
         checkpoints = Path(ctx.run_dir) / "checkpoint"
         checkpoints.mkdir(exist_ok=True)
@@ -135,7 +137,7 @@ class LocalBackend(Backend):
             return None
         group = self.groups.get(device.name)
         if group is None:
-            group = cgroups.CpuGroup(self.ctx.run_id, device.name)
+            group = cgroups.CpuGroup(self.ctx.run_id, device.name, self.owner)
             group.create()
             self.groups[device.name] = group
         return group
@@ -235,5 +237,5 @@ class LocalBackend(Backend):
             log.close()
         self._logs.clear()
         if self.ctx is not None and self.groups:
-            cgroups.remove_tree(self.ctx.run_id)
+            cgroups.remove_group(cgroups.run_path(self.ctx.run_id, self.owner))
             self.groups.clear()

@@ -1,70 +1,194 @@
-"""Remove what runs created, by label, even after the controller was killed.
+"""Remove what killed runs left, and only that: by label and owner, from a fresh shell.
 
-Every container, network and image carries the ``edge-emulator`` label (with the run id);
-local devices live in cgroups under ``edge-emulator/<run-id>``. Cleaning finds them by those
-marks alone, so it works from a fresh shell after a SIGKILL. Qdiscs on the host side of a
-container's veth go with the veth when the container is removed. What belongs to no run is
-removed too: the throwaway veth pair (``emuprobe*``) and iptables chain (``EMU-*`` on the
-host) that :func:`emulator.host.links.detect` makes for a moment, should a controller have been
-killed in that moment.
+Every container, network and Swarm service carries the ``edge-emulator`` label, the run id and
+its controller's owner labels (host, boot id, pid, start time: :mod:`emulator.host.owner`);
+local devices' cgroups, the kernel probe's veth pair and iptables chain, and image build
+contexts carry the owner in their names. :func:`clean_all` removes what is orphaned (its
+controller on this host is gone) and lists what it keeps and why: a live run's, one whose
+controller runs on another host, and one without owner labels (made by an older emulator, and
+maybe still running). ``everything`` removes all of it; ``run_id`` removes one run's, even
+while it runs, after saying so. Qdiscs and the devices' iptables chains live in the
+containers' namespaces and on the host side of their veths: they go with the containers. A
+killed Docker run's working files (``devices/``, ``checkpoint/``, temporary files) are removed
+from its run directory; its records stay.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
+import shutil
 import subprocess
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from emulator.host import cgroups
+from emulator.host.owner import ALIVE, ORPHAN, Owner, start_ticks, verdict
 
-HOST_CHAIN_PREFIX = "EMU-"
-DOCKER_ROUNDS = 5  # passes of label-based removal, a second apart, until nothing labelled is left
+LEGACY_CHAIN_PREFIX = "EMU-"  # older emulators' host chains: EMU-PROBE, no owner in the name
+DOCKER_ROUNDS = 5  # passes of removal, a second apart, while a killed controller's requests still land
+WORKING = ("devices", "checkpoint")  # a run directory's working files, not its records
 
 
-def clean_all(run_id: str | None = None, say: Callable[[str], None] = print) -> list[str]:
-    removed = [f"cgroup {p}" for p in cgroups.remove_tree(run_id)]
+@dataclass
+class Cleaned:
+    """What :func:`clean_all` did: ``removed`` (a line each), ``kept`` (what it left, grouped by run
+    and reason, a line each)."""
+
+    removed: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+
+
+class _Policy:
+    """Whether one resource goes: by its owner, unless ``--run`` or ``--all`` say otherwise; what
+    stays is gathered per run and reason."""
+
+    def __init__(self, run_id: str | None, everything: bool, say: Callable[[str], None]):
+        self.run_id, self.everything, self.say = run_id, everything, say
+        self.kept: dict[tuple[str, str], list[str]] = defaultdict(list)
+        self._warned: set[str] = set()
+
+    def removes(self, what: str, run: str, owner: Owner | None) -> bool:
+        state, why = verdict(owner)
+        if self.run_id is not None:  # the caller listed only that run's resources
+            if state != ORPHAN and run not in self._warned:
+                self._warned.add(run)
+                self.say(f"run {run}: {why}; removing it anyway (--run)")
+            return True
+        if self.everything or state == ORPHAN:
+            return True
+        hint = "" if state == ALIVE else "; --all removes it"
+        if what not in self.kept[(run, why + hint)]:
+            self.kept[(run, why + hint)].append(what)
+        return False
+
+    def kept_lines(self) -> list[str]:
+        return [f"{run or '(no run)'}: {len(things)} resource(s) kept, {why} ({', '.join(things[:4])}{', ...' if len(things) > 4 else ''})"
+                for (run, why), things in sorted(self.kept.items())]
+
+
+def clean_all(run_id: str | None = None, say: Callable[[str], None] = print, *, everything: bool = False) -> Cleaned:
+    """Remove the orphaned resources of every run (``run_id``: that run's, orphaned or not;
+    ``everything``: every labelled one). Returns what went and what stayed."""
+    policy = _Policy(run_id, everything, say)
+    done = Cleaned()
+    done.removed += _remove_cgroups(policy)
     try:  # swarm first: its services' containers and networks are labelled too, and Swarm owns them
         from emulator.backends.swarm import remove_swarm_labelled
+        from emulator.backends.docker import RUN_LABEL
 
-        removed += remove_swarm_labelled(run_id, say=say)
+        done.removed += remove_swarm_labelled(
+            run_id, say=say, keep=lambda kind, name, labels: not policy.removes(f"{kind} {name}", labels.get(RUN_LABEL, ""), Owner.from_labels(labels)))
     except Exception as exc:  # noqa: BLE001 - no daemon, no swarm
         say(f"swarm: skipped ({exc})")
     try:
-        removed += _remove_docker(run_id, say)
+        done.removed += _remove_docker(policy, say)
     except Exception as exc:  # noqa: BLE001 - no daemon is not an error for clean
         say(f"docker: skipped ({exc})")
-    return removed + remove_probe_leftovers(say)
+    if run_id is None:  # these belong to a controller, not to a run
+        done.removed += remove_probe_leftovers(say, policy) + _remove_build_contexts(policy)
+    done.kept = policy.kept_lines()
+    return done
 
 
-def _remove_docker(run_id: str | None, say: Callable[[str], None]) -> list[str]:
-    """Remove labelled containers and networks, looking again until none is left."""
-    from emulator.backends.docker import client, remove_labelled
+def _remove_cgroups(policy: _Policy) -> list[str]:
+    removed = []
+    for path, run, owner in cgroups.run_groups():
+        if (policy.run_id is None or run == policy.run_id) and policy.removes(f"cgroup {path.name}", run, owner):
+            removed += [f"cgroup {p}" for p in cgroups.remove_group(path)]
+    return removed
 
-    return remove_labelled(run_id, client(timeout=30), rounds=DOCKER_ROUNDS, say=say)
+
+def _remove_docker(policy: _Policy, say: Callable[[str], None]) -> list[str]:
+    """Remove the chosen labelled containers and networks, looking again until none is left (a
+    killed controller's create requests may still be completed by the daemon); then the working
+    files of the runs whose objects went."""
+    from emulator.backends.docker import LABEL, RUN_LABEL, RUNDIR_LABEL, client, labelled, remove_objects
+
+    docker_client = client(timeout=30)
+    label = f"{RUN_LABEL}={policy.run_id}" if policy.run_id else LABEL
+    removed: list[str] = []
+    run_dirs: dict[str, str] = {}
+    chosen: list[dict] = []
+    for attempt in range(DOCKER_ROUNDS):
+        chosen = [o for o in labelled(docker_client, label)
+                  if policy.removes(f"{o['kind']} {o['name']}", o["labels"].get(RUN_LABEL, ""), Owner.from_labels(o["labels"]))]
+        if not chosen:
+            break
+        for obj in chosen:
+            if obj["labels"].get(RUNDIR_LABEL):
+                run_dirs[obj["labels"][RUNDIR_LABEL]] = obj["labels"].get(RUN_LABEL, "")
+        removed += remove_objects(docker_client, chosen)
+        if attempt + 1 < DOCKER_ROUNDS:
+            time.sleep(1.0)
+    else:
+        left = [o["name"] for o in labelled(docker_client, label) if any(o["id"] == c["id"] for c in chosen)]
+        if left:
+            say(f"docker: {len(left)} labelled object(s) still there after {DOCKER_ROUNDS} round(s): {', '.join(left)}")
+    for path, run in sorted(run_dirs.items()):
+        removed += remove_working_files(Path(path), run)
+    return removed
 
 
-def remove_probe_leftovers(say: Callable[[str], None] = print) -> list[str]:
-    """The kernel probe's veth pair and the emulator's iptables chains in the host's namespace."""
+def remove_working_files(run_dir: Path, run_id: str) -> list[str]:
+    """A killed run's working files (device configs, the server's checkpoint, half-written
+    temporary files), when ``run_dir`` is that run's directory; its records are left alone."""
+    if run_dir.name != run_id or not (run_dir / "plan.json").is_file():
+        return []
+    removed = []
+    for name in WORKING:
+        if (run_dir / name).is_dir():
+            shutil.rmtree(run_dir / name, ignore_errors=True)
+            removed.append(f"files {run_dir / name}")
+    for tmp in sorted(run_dir.glob(".*.tmp")):
+        tmp.unlink(missing_ok=True)
+        removed.append(f"file {tmp}")
+    return removed
+
+
+def remove_probe_leftovers(say: Callable[[str], None] = print, policy: _Policy | None = None) -> list[str]:
+    """The kernel probe's veth pairs and iptables chains in the host's namespace, whose controller is gone."""
+    policy = policy or _Policy(None, False, say)
     removed = []
     try:
-        from emulator.host.links import PROBE_IFACES, rtnl
+        from emulator.host.links import LEGACY_PROBE_IFACES, PROBE_ALIAS, PROBE_PREFIX, rtnl
 
+        probe = re.compile(rf"^{PROBE_PREFIX}(\d+)a$")
         with rtnl() as ipr:
-            for name in PROBE_IFACES:
-                for index in ipr.link_lookup(ifname=name):
-                    ipr.link("del", index=index)
+            for link in ipr.get_links():
+                name = link.get_attr("IFLA_IFNAME") or ""
+                match = probe.fullmatch(name)
+                if match:
+                    alias = link.get_attr("IFLA_IFALIAS") or ""
+                    owner = Owner.from_token(alias[len(PROBE_ALIAS):]) if alias.startswith(PROBE_ALIAS) else None
+                    if owner is None and start_ticks(int(match[1])) is None:  # killed before it named itself
+                        owner = Owner.from_token(f"{match[1]}-0")
+                    elif owner is None:
+                        owner = Owner.of_pid(int(match[1]))  # a live process of that pid: leave it be
+                elif name in LEGACY_PROBE_IFACES[:1]:
+                    owner = None
+                else:
+                    continue
+                if policy.removes(f"link {name}", "", owner):
+                    ipr.link("del", index=link["index"])
                     removed.append(f"link {name}")
     except Exception as exc:  # noqa: BLE001 - no pyroute2, no permission, peer already gone with its pair
         say(f"links: skipped ({exc})")
-    return removed + _remove_host_chains(say)
+    return removed + _remove_host_chains(say, policy)
 
 
 def _iptables(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["iptables", "-w", *args], capture_output=True, text=True, timeout=30)
 
 
-def _remove_host_chains(say: Callable[[str], None]) -> list[str]:
-    """Unhook, flush and delete every ``EMU-*`` chain of the host's filter table."""
+def _remove_host_chains(say: Callable[[str], None], policy: _Policy) -> list[str]:
+    """Unhook, flush and delete the probe's chains (``EMUP-<pid>-<start>``) of gone controllers in
+    the host's filter table; older emulators' ``EMU-*`` chains only with ``--all``."""
+    from emulator.host.links import PROBE_CHAIN_PREFIX
+
     try:
         listing = _iptables("-S")
     except (OSError, subprocess.SubprocessError) as exc:
@@ -73,7 +197,20 @@ def _remove_host_chains(say: Callable[[str], None]) -> list[str]:
     if listing.returncode != 0:
         return []
     lines = listing.stdout.splitlines()
-    chains = [line.split()[1] for line in lines if line.startswith(f"-N {HOST_CHAIN_PREFIX}")]
+    chains = []
+    for line in lines:
+        words = line.split()
+        if words[:1] != ["-N"] or len(words) < 2:
+            continue
+        name = words[1]
+        if name.startswith(PROBE_CHAIN_PREFIX):
+            owner = Owner.from_token(name[len(PROBE_CHAIN_PREFIX):])
+        elif name.startswith(LEGACY_CHAIN_PREFIX):
+            owner = None
+        else:
+            continue
+        if policy.removes(f"iptables chain {name}", "", owner):
+            chains.append(name)
     if not chains:
         return []
     for line in lines:  # rules of other chains that jump to ours
@@ -86,4 +223,19 @@ def _remove_host_chains(say: Callable[[str], None]) -> list[str]:
     for chain in chains:
         if _iptables("-X", chain).returncode == 0:
             removed.append(f"iptables chain {chain}")
+    return removed
+
+
+def _remove_build_contexts(policy: _Policy) -> list[str]:
+    """Image build contexts (``build-<pid>-<start>-*`` in the cache) of builds whose process is gone."""
+    from emulator.host.images import BUILD_PREFIX, cache_root
+
+    named = re.compile(rf"^{BUILD_PREFIX}(\d+-\d+)-")
+    removed = []
+    root = cache_root()
+    for path in sorted(root.glob(f"{BUILD_PREFIX}*")) if root.is_dir() else []:
+        match = named.match(path.name)
+        if path.is_dir() and policy.removes(f"build context {path.name}", "", Owner.from_token(match[1]) if match else None):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(f"files {path}")
     return removed

@@ -20,7 +20,9 @@ Contract, in the order :func:`run_sweep` keeps it:
 * **Concurrency.** At most ``jobs`` runs at once. The default is what the machine can take:
   ``max(1, floor(cpu_count / max over grid points of the sum of the plan's device CPU quotas))``
   (server, evaluator and workers; a run needing more than ``cpu_count`` runs alone). Devices boot
-  unthrottled (loading TensorFlow), so overlapping boots only slow each other down.
+  unthrottled (loading TensorFlow), so overlapping boots only slow each other down. Runs side by
+  side never share a resource, on any backend: each has its own controller process, run
+  directory, names, network and subnet, cgroups and ports (docs/RELIABILITY.md, section 5).
 * **Failures are data.** A failed run is recorded (status, error, log in ``logs/<run id>.log``)
   and the sweep goes on. ``sweep.json`` (grid, points, run ids, seeds, statuses) is rewritten
   after every change.

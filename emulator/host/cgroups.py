@@ -1,15 +1,21 @@
 """CPU quotas for plain processes through Linux cgroups (v1 ``cpu`` controller or v2 ``cpu.max``).
 
 Used by the local backend when it runs as root: each device gets a cgroup under
-``edge-emulator/<run-id>/<device>`` whose CFS quota is ``cpus * period``; changing the quota
-at run time is one write. Without permission the quota is recorded as not enforced.
+``edge-emulator/<run-id>@<pid>-<start>/<device>`` whose CFS quota is ``cpus * period``; changing
+the quota at run time is one write. The run's directory names its controller (pid and start
+time, :mod:`emulator.host.owner`), so that cleaning can tell a killed run's groups from a live
+one's, and two runs of the same id never share one. Without permission the quota is recorded
+as not enforced.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
+
+from emulator.host.owner import Owner
 
 ROOT_NAME = "edge-emulator"
 PERIOD_US = 100_000
@@ -47,9 +53,9 @@ def available() -> tuple[bool, str]:
 class CpuGroup:
     """One device's cgroup: created on demand, quota settable at run time, removed at teardown."""
 
-    def __init__(self, run_id: str, device: str):
+    def __init__(self, run_id: str, device: str, owner: Owner | None = None):
         self.version = _version()
-        self.path = _base() / ROOT_NAME / run_id / device
+        self.path = run_path(run_id, owner or Owner.current()) / device
 
     def create(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -79,12 +85,26 @@ class CpuGroup:
         (self.path / "cgroup.procs").write_text(str(pid))
 
 
-def remove_tree(run_id: str | None = None) -> list[str]:
-    """Kill what is left in our cgroups and remove them (one run, or all runs); returns what went."""
+def run_path(run_id: str, owner: Owner) -> Path:
+    """The cgroup directory of one run made by ``owner`` (its devices' groups are inside)."""
+    return _base() / ROOT_NAME / f"{run_id}@{owner.token}"
+
+
+def run_groups() -> list[tuple[Path, str, Owner | None]]:
+    """Every run's cgroup directory: (path, run id, owner; None for a name without one)."""
     base = _base()
-    if base is None:
+    root = base / ROOT_NAME if base else None
+    if root is None or not root.is_dir():
         return []
-    root = base / ROOT_NAME / run_id if run_id else base / ROOT_NAME
+    found = []
+    for path in sorted(p for p in root.iterdir() if p.is_dir()):
+        run_id, sep, token = path.name.rpartition("@")
+        found.append((path, run_id, Owner.from_token(token)) if sep else (path, path.name, None))
+    return found
+
+
+def remove_group(root: Path) -> list[str]:
+    """Kill what is left in a run's cgroups and remove them; returns what went."""
     if not root.exists():
         return []
     removed = []
@@ -95,17 +115,21 @@ def remove_tree(run_id: str | None = None) -> list[str]:
             except (ProcessLookupError, ValueError):
                 pass
     for directory in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-        try:
-            directory.rmdir()
-            removed.append(str(directory))
-        except OSError:
-            pass
-    try:
-        root.rmdir()
-        removed.append(str(root))
-    except OSError:
-        pass
+        _rmdir(directory, removed)
+    _rmdir(root, removed)
     return removed
 
 
-__all__ = ["CpuGroup", "available", "remove_tree"]
+def _rmdir(directory: Path, removed: list[str]) -> None:
+    for _ in range(50):  # a killed process leaves its cgroup a moment after the signal
+        try:
+            directory.rmdir()
+            removed.append(str(directory))
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)
+
+
+__all__ = ["CpuGroup", "available", "remove_group", "run_groups", "run_path"]

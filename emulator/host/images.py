@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator
 
+from emulator.host.owner import Owner
+
 RUNTIME_REPO = "edge-emulator/runtime"
 BASE_REPO = "edge-emulator/base"
 BASE_TAG = "bookworm"
@@ -48,6 +50,9 @@ last_build: dict[str, Any] | None = None
 
 class ImageBuildError(RuntimeError):
     """The base, the wheels or the runtime image could not be made; the message says why."""
+
+
+BUILD_PREFIX = "build-"  # build contexts: cache_root()/build-<pid>-<start>-<random>
 
 
 def _stderr(line: str) -> None:
@@ -486,8 +491,9 @@ def ensure_runtime_image(client=None, *, force: bool = False, progress: Progress
     wheels = ensure_wheels(progress)
     scratch = cache_root()
     scratch.mkdir(parents=True, exist_ok=True)
-    # Next to the wheel cache, so the wheels can be hard-linked in rather than copied.
-    context = pathlib.Path(tempfile.mkdtemp(prefix="build-", dir=scratch))
+    # Next to the wheel cache, so the wheels can be hard-linked in rather than copied; named by its
+    # owner (pid and start time), so that `emulate clean` removes it if this process is killed.
+    context = pathlib.Path(tempfile.mkdtemp(prefix=f"{BUILD_PREFIX}{Owner.current().token}-", dir=scratch))
     try:
         _assemble_context(context, wheels, _SOURCE_ROOT)
         progress(f"[build] building {tag} on {base} (network: none)")

@@ -27,7 +27,10 @@ if TYPE_CHECKING:  # annotations only: the swarm agent imports this module witho
 HTB_ROOT = 0x10000
 HTB_CLASS = 0x10010
 NETEM_LEAF = 0x100000
-PROBE_IFACES = ("emuprobe0", "emuprobe1")
+LEGACY_PROBE_IFACES = ("emuprobe0", "emuprobe1")  # one pair for every controller: what older emulators made
+PROBE_PREFIX = "emup"  # the probe's veth pair is emup<pid>a/emup<pid>b, one per controller, its owner in its alias
+PROBE_ALIAS = "edge-emulator probe "
+PROBE_CHAIN_PREFIX = "EMUP-"  # the statistic probe's chain is EMUP-<pid>-<start>, one per controller
 IPTABLES_CHAINS = {"loss": "EMU-LOSS", "partition": "EMU-CUT"}
 
 
@@ -116,34 +119,45 @@ def _try_qdisc(ipr, index: int, kind: str, **kwargs) -> bool:
     return True
 
 
+def probe_names(owner) -> tuple[str, str, str]:
+    """The probe's veth pair and iptables chain for the controller ``owner``: controllers probing
+    at the same moment never touch each other's, and cleaning knows whose they are."""
+    return f"{PROBE_PREFIX}{owner.pid}a", f"{PROBE_PREFIX}{owner.pid}b", f"{PROBE_CHAIN_PREFIX}{owner.token}"
+
+
 @functools.lru_cache(maxsize=1)
 def detect() -> KernelFeatures:
     """Try each qdisc on a throwaway veth pair, and iptables' statistic match on a throwaway chain."""
+    from emulator.host.owner import Owner
+
+    owner = Owner.current()
+    first, second, chain = probe_names(owner)
     notes = []
     htb = tbf = netem = False
     with rtnl() as ipr:
-        for name in PROBE_IFACES:
-            for index in ipr.link_lookup(ifname=name):
-                ipr.link("del", index=index)
+        for index in ipr.link_lookup(ifname=first):  # left by a killed process that had our pid
+            ipr.link("del", index=index)
         try:
-            ipr.link("add", ifname=PROBE_IFACES[0], kind="veth", peer=PROBE_IFACES[1])
-            index = ipr.link_lookup(ifname=PROBE_IFACES[0])[0]
+            ipr.link("add", ifname=first, kind="veth", peer=second)
+            index = ipr.link_lookup(ifname=first)[0]
+            ipr.link("set", index=index, ifalias=PROBE_ALIAS + owner.token)
             htb = _try_qdisc(ipr, index, "htb", default=0x10)
             tbf = _try_qdisc(ipr, index, "tbf", rate="1000000bit", burst=20000, latency=100000)
             netem = _try_qdisc(ipr, index, "netem", delay=1000)
         except Exception as exc:  # noqa: BLE001
             notes.append(f"cannot create a probe veth pair: {exc}")
         finally:
-            for index in ipr.link_lookup(ifname=PROBE_IFACES[0]):
+            for index in ipr.link_lookup(ifname=first):
                 ipr.link("del", index=index)
-    statistic = _iptables_statistic_works()
+    statistic = _iptables_statistic_works(chain)
     if not statistic:
         notes.append("iptables statistic match unavailable")
     return KernelFeatures(htb, tbf, netem, statistic, "; ".join(notes))
 
 
-def _iptables_statistic_works() -> bool:
-    chain = "EMU-PROBE"
+def _iptables_statistic_works(chain: str) -> bool:
+    subprocess.run(["iptables", "-w", "-F", chain], capture_output=True, timeout=10)  # left by a killed namesake
+    subprocess.run(["iptables", "-w", "-X", chain], capture_output=True, timeout=10)
     try:
         subprocess.run(["iptables", "-w", "-N", chain], check=True, capture_output=True, timeout=10)
     except (OSError, subprocess.SubprocessError):

@@ -3,11 +3,14 @@
 * In-process (fast): a worker that sends a header and part of a frame, then dies. The server
   drops the partial frame, counts it (``partial_frame`` in its rejections), keeps serving the
   others meanwhile, and takes the same worker id back when it reconnects.
-* Docker (slow): ``emulate run`` started and SIGKILLed at a random instant after its containers
-  appear, then ``emulate clean``, twenty times in a row (``EMU_CHAOS_CYCLES``). Nothing may be
-  left: no labelled container or network, no htb/netem qdisc on a host interface, no
-  ``emuprobe*`` link, no ``EMU-*`` iptables chain on the host; and every run directory's
-  streams still read (at most a cut-off last line, skipped with a warning).
+* Docker (slow): ``emulate run`` (or, every fifth cycle, ``emulate images build --force``) started
+  and SIGKILLed at a seeded random moment, in turn during the image build, the devices' start,
+  their boot, training and teardown, then a plain ``emulate clean``, ``EMU_CHAOS_CYCLES`` times (20 for the full
+  test). Nothing of the cycle may be left: no container or network of the run, no cgroup of its
+  containers, no host veth of theirs (the downlink qdiscs live there), no probe link or
+  iptables chain of the killed controller, no build context; a killed run's directory holds its
+  records only, every stream still reads (at most a cut-off last line, skipped with a warning),
+  and a run that completed before the kill keeps all of its records.
 * A run directory whose streams end in a cut-off line: :func:`read_jsonl` and the analysis
   loaders warn and skip it.
 """
@@ -19,6 +22,7 @@ import os
 import random
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -233,52 +237,65 @@ def test_analysis_loaders_read_a_killed_run(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# Docker: kill the controller at random instants, clean, twenty times
+# Docker: kill the controller at random moments (image build, device start, training, teardown), clean
 
-CHAOS_CYCLES = int(os.environ.get("EMU_CHAOS_CYCLES", 20))
-CHAOS_SEED = 6
+CHAOS_CYCLES = int(os.environ.get("EMU_CHAOS_CYCLES", 5))
+CHAOS_SEED = int(os.environ.get("EMU_CHAOS_SEED", 6))
+# Where each cycle's kill lands, in turn: the event after which it waits, and for how long at most
+# (seeded uniform). None: an image build, killed 0.3-2 s after it starts.
+TARGETS = (
+    ("image build", None, 2.0),
+    ("device start", "run_started", 4.0),  # containers being created and started
+    ("boot", "devices_started", 10.0),  # TensorFlow loading in the devices, links probed
+    ("training", "training_started", 8.0),
+    ("teardown", "training_done", 2.0),  # final evaluation, logs, container removal
+)
 CHAOS_SCENARIO = """\
 # Small and shaped: every device gets an htb class and a netem leaf, so a kill leaves qdiscs to find.
 name: chaos
 seed: 5
 model: mlp
 dataset: {name: digits, partition: iid}
-training: {batch_size: 10, learning_rate: 0.1, duration: 120s, eval_every: 10s}
+training: {batch_size: 10, learning_rate: 0.1, duration: 8s, eval_every: 4s}
 method: {name: adacomp, c: 0.05}
 server: {cpus: 0.5, uplink: 50mbit, downlink: 50mbit}
 evaluator: {cpus: 0.25}
 workers:
   - {count: 2, cpus: 0.25, uplink: 8mbit, downlink: 16mbit, delay: 5ms, loss: 0.1%}
 """
-DEVICES = 4  # server, evaluator, two workers
+RECORDS = {"scenario.yaml", "scenario.resolved.json", "plan.json", "mechanisms.json", "data.json", "fidelity.json",
+           "summary.json", "logs", *(f"{s}.jsonl" for s in STREAMS)}
 
 
 def _emulate(*args: str) -> list[str]:
     return [sys.executable, "-m", "emulator.cli", *args]
 
 
-def _containers(docker_client, run_id: str | None = None) -> list[dict]:
-    """Labelled containers as the daemon lists them (no inspect: they come and go meanwhile)."""
-    label = f"edge-emulator.run={run_id}" if run_id else "edge-emulator"
-    return docker_client.api.containers(all=True, filters={"label": label})
+def _containers(docker_client, run_id: str) -> list[dict]:
+    """A run's containers as the daemon lists them (no inspect: they come and go meanwhile)."""
+    from emulator.backends.docker import RUN_LABEL
+
+    return docker_client.api.containers(all=True, filters={"label": f"{RUN_LABEL}={run_id}"})
 
 
 def _networks(docker_client, run_id: str) -> list[dict]:
-    return docker_client.api.networks(filters={"label": f"edge-emulator.run={run_id}"})
+    from emulator.backends.docker import RUN_LABEL
+
+    return docker_client.api.networks(filters={"label": f"{RUN_LABEL}={run_id}"})
 
 
-def _host_leftovers(foreign_runs: bool) -> list[str]:
-    """What a run may have left on the host: qdiscs (only where no other run is live), probe links, chains."""
-    found = []
-    qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True, check=True).stdout.splitlines()
-    for line in qdiscs:
-        if ("htb" in line.split()[1:2] or "netem" in line.split()[1:2]) and not (foreign_runs and " dev veth" in line):
-            found.append(f"qdisc: {line}")
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
-    found += [f"link: {line[:80]}" for line in links.splitlines() if "emuprobe" in line]
-    chains = subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True, check=True).stdout
-    found += [f"iptables: {line}" for line in chains.splitlines() if "EMU-" in line]
-    return found
+def _phase(run: Path) -> str:
+    """How far the run had got when it was killed, from what it wrote."""
+    if not run.exists():
+        return "loading"  # killed before it made its run directory
+    if (run / "summary.json").exists():
+        return json.loads((run / "summary.json").read_text()).get("status", "?")
+    kinds = {e.get("kind") for e in read_jsonl(run / "events.jsonl")} if (run / "events.jsonl").exists() else set()
+    for kind, phase in (("training_done", "teardown"), ("training_started", "training"), ("devices_started", "booting"),
+                        ("run_started", "starting devices")):
+        if kind in kinds:
+            return phase
+    return "preparing"
 
 
 def _check_streams(run: Path) -> tuple[int, int]:
@@ -299,9 +316,96 @@ def _check_streams(run: Path) -> tuple[int, int]:
     return total, cut
 
 
+def _watch(docker_client, run_id: str, seen: dict) -> None:
+    """Note the run's containers and, for running ones, the host side of their veth (where the
+    downlink's qdiscs are): after clean, none of them may be left."""
+    from emulator.host import links
+
+    for container in _containers(docker_client, run_id):
+        seen.setdefault(container["Id"], None)
+        if container["State"] == "running" and seen[container["Id"]] is None:
+            try:
+                pid = docker_client.api.inspect_container(container["Id"])["State"]["Pid"]
+                seen[container["Id"]] = links.peer_index(f"/proc/{pid}/ns/net")[1]
+            except Exception:  # noqa: BLE001 - gone or not networked yet: looked at again next time
+                pass
+
+
+def _leftovers(docker_client, run_id: str | None, controller: int, seen: dict) -> list[str]:
+    """What a killed controller's run may have left: containers, networks, the containers' cgroups,
+    the host veths (with their qdiscs), the probe's link and iptables chain, a build context."""
+    from emulator.host.images import cache_root
+
+    found = []
+    if run_id is not None:
+        found += [f"container {c['Names']}" for c in _containers(docker_client, run_id)]
+        found += [f"network {n['Name']}" for n in _networks(docker_client, run_id)]
+    for container, veth in seen.items():
+        found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/docker/{container}")]
+        if veth is not None:
+            try:
+                found.append(f"host veth {socket.if_indextoname(veth)} of {container[:12]}")
+            except OSError:
+                pass
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    found += [f"link: {line[:80]}" for line in links.splitlines() if f"emup{controller}a" in line]
+    chains = subprocess.run(["iptables", "-w", "-S"], capture_output=True, text=True, check=True).stdout
+    found += [f"iptables: {line}" for line in chains.splitlines() if f"EMUP-{controller}-" in line]
+    found += [f"files {p}" for p in cache_root().glob(f"build-{controller}-*")]
+    return found
+
+
+def _events(run: Path) -> set:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a line being written
+        return {e.get("kind") for e in read_jsonl(run / "events.jsonl")}
+
+
+def _cycle_run(docker_client, scenario: Path, out: Path, run_id: str, after: str, most_s: float, rng, log: Path) -> dict:
+    """A run killed a random moment (up to ``most_s``) after its event ``after``, or when it ends."""
+    t0 = time.monotonic()
+    seen: dict = {}
+    delay = rng.uniform(0.0, most_s)
+    kill_at = None
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(_emulate("run", str(scenario), "--backend", "docker", "--out", str(out), "--run-id", run_id,
+                                         "--no-fidelity", "--quiet"), cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+        try:
+            while proc.poll() is None and (kill_at is None or time.monotonic() < kill_at):
+                assert time.monotonic() - t0 < 600, f"{run_id}: {after} never came"
+                if kill_at is None and after in _events(out / run_id):
+                    kill_at = time.monotonic() + delay
+                _watch(docker_client, run_id, seen)
+                time.sleep(0.1)
+        finally:  # also when the test fails: nothing of it may outlive it
+            proc.send_signal(signal.SIGKILL)
+            code = proc.wait(timeout=30)
+    return {"pid": proc.pid, "seen": seen, "exit": code, "phase": _phase(out / run_id), "delay": delay, "seconds": time.monotonic() - t0}
+
+
+def _cycle_build(delay: float, log: Path) -> dict:
+    t0 = time.monotonic()
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(_emulate("images", "build", "--force"), cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=delay)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            code = proc.wait(timeout=30)
+    text = log.read_text()
+    phase = "image built" if code == 0 else ("image build" if "[build] building" in text else "image build (context)")
+    return {"pid": proc.pid, "seen": {}, "exit": code, "phase": phase, "delay": delay, "seconds": time.monotonic() - t0}
+
+
 @pytest.mark.docker
 @pytest.mark.slow
 def test_kill_and_clean_twenty_times_leaves_nothing_behind(docker_client, runtime_image, tmp_path):
+    """EMU_CHAOS_CYCLES kills (20 for the full test; 5 by default), at seeded random moments, in
+    turn during an image build, the devices' start, their boot, training and teardown. After
+    each, a plain ``emulate clean`` (orphans only: other users' live runs stay). Nothing of the
+    cycle may be left, a killed run keeps only its records, a completed one all of them."""
     rng = random.Random(CHAOS_SEED)
     scenario = tmp_path / "chaos.yaml"
     scenario.write_text(CHAOS_SCENARIO)
@@ -311,35 +415,40 @@ def test_kill_and_clean_twenty_times_leaves_nothing_behind(docker_client, runtim
     cycles = []
     for cycle in range(CHAOS_CYCLES):
         run_id = f"chaos-{tag}-{cycle:02d}"
-        log = open(tmp_path / f"{run_id}.log", "w")
+        log = tmp_path / f"{run_id}.log"
+        target, after, most_s = TARGETS[cycle % len(TARGETS)]
+        if after is None:
+            result = _cycle_build(rng.uniform(0.3, most_s), log)
+        else:
+            result = _cycle_run(docker_client, scenario, out, run_id, after, most_s, rng, log)
         t0 = time.monotonic()
-        proc = subprocess.Popen(_emulate("run", str(scenario), "--backend", "docker", "--out", str(out), "--run-id", run_id,
-                                         "--no-fidelity", "--quiet"), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 120
-            while len(_containers(docker_client, run_id)) < DEVICES:
-                assert proc.poll() is None, f"the controller exited early: {(tmp_path / f'{run_id}.log').read_text()[-3000:]}"
-                assert time.monotonic() < deadline, "the containers never appeared"
-                time.sleep(0.1)
-            appeared = time.monotonic() - t0
-            delay = rng.uniform(0.5, 5.0)
-            time.sleep(delay)
-        finally:  # also when the test fails: nothing of it may outlive it
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=30)
-            log.close()
-            clean = subprocess.run(_emulate("clean", "--run", run_id), cwd=ROOT, capture_output=True, text=True, timeout=120)
+        clean = subprocess.run(_emulate("clean"), cwd=ROOT, capture_output=True, text=True, timeout=300)
+        clean_s = time.monotonic() - t0
         assert clean.returncode == 0, clean.stdout + clean.stderr
         assert "still there" not in clean.stdout + clean.stderr, clean.stdout + clean.stderr
-        assert not _containers(docker_client, run_id) and not _networks(docker_client, run_id), (cycle, clean.stdout)
-        lines, cut = _check_streams(out / run_id)
-        cycles.append({"cycle": cycle, "containers_after_s": round(appeared, 2), "killed_after_s": round(delay, 2),
-                       "lines": lines, "cut": cut, "seconds": round(time.monotonic() - t0, 1)})
+        is_run = not result["phase"].startswith("image")
+        assert _leftovers(docker_client, run_id if is_run else None, result["pid"], result["seen"]) == [], (cycle, result["phase"], clean.stdout)
+        lines = cut = 0
+        if is_run and (out / run_id).exists():
+            run = out / run_id
+            lines, cut = _check_streams(run)
+            if (run / "summary.json").exists():  # it ended before the kill: every record written and closed
+                assert cut == 0, (cycle, result["phase"])
+                assert result["phase"] != "completed" or json.loads((run / "summary.json").read_text())["updates_applied"] > 0
+            else:
+                stray = sorted(p.name for p in run.iterdir() if p.name not in RECORDS)
+                assert stray == [], (cycle, result["phase"], stray)
+        cycles.append({"cycle": cycle, "target": target, "phase": result["phase"], "delay_s": round(result["delay"], 2), "lines": lines, "cut": cut,
+                       "containers": len(result["seen"]), "clean_s": round(clean_s, 1), "seconds": round(time.monotonic() - t0 + result["seconds"], 1)})
     total = time.monotonic() - started
-    foreign = [c["Id"] for c in _containers(docker_client) if not c["Labels"].get("edge-emulator.run", "").startswith(f"chaos-{tag}-")]
-    assert _host_leftovers(bool(foreign)) == []
-    print(f"\nchaos: {len(cycles)} kill/clean cycles in {total:.0f} s "
-          f"(containers after {np.mean([c['containers_after_s'] for c in cycles]):.1f} s on average, "
-          f"killed {min(c['killed_after_s'] for c in cycles):.1f}-{max(c['killed_after_s'] for c in cycles):.1f} s later, "
-          f"{sum(c['lines'] for c in cycles)} trace lines read back, {sum(c['cut'] for c in cycles)} cut-off last lines skipped)" + (f"; other runs live: {len(foreign)}" if foreign else ""))
+    phases: dict[str, int] = {}
+    for c in cycles:
+        phases[c["phase"]] = phases.get(c["phase"], 0) + 1
+    print(f"\nchaos: {len(cycles)} kill/clean cycles in {total:.0f} s; killed during: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(phases.items()))
+          + f"; clean took {min(c['clean_s'] for c in cycles):.1f}-{max(c['clean_s'] for c in cycles):.1f} s; "
+          f"{sum(c['containers'] for c in cycles)} containers seen, none left; {sum(c['lines'] for c in cycles)} trace lines read back, "
+          f"{sum(c['cut'] for c in cycles)} cut-off last lines skipped")
+    for c in cycles:
+        print(f"  {c}")
     assert len(cycles) == CHAOS_CYCLES

@@ -44,7 +44,8 @@ from emulator.backends.base import Backend, BackendUnavailable, Endpoints, RunCo
 from emulator.runtime.config import DeviceConfig
 from emulator.backends.docker import (CHECKPOINT_MOUNT, CPU_PERIOD_US, DATA_MOUNT, DEVICE_LABEL, DEVICE_UID, LABEL, MODULES, RUN_LABEL,
                       SERVER_PORT, START_THREADS, answering_client, client)
-from emulator.backends.subnets import free_subnet
+from emulator.backends.subnets import create_network
+from emulator.host.owner import Owner
 from emulator.backends.swarm import agent as agent_wire
 from emulator.backends.swarm.cleanup import remove_swarm_labelled
 from emulator.backends.swarm.hub import AgentError, AgentHub
@@ -140,13 +141,14 @@ class SwarmBackend(Backend):
         return [n for n in self.docker.api.nodes() if n["Status"]["State"] == "ready" and n["Spec"].get("Availability") == "active"]
 
     def _labels(self, role: str, device: str | None = None) -> dict:
-        labels = {LABEL: "1", RUN_LABEL: self.ctx.run_id, ROLE_LABEL: role}
+        labels = {LABEL: "1", RUN_LABEL: self.ctx.run_id, ROLE_LABEL: role, **self.owner.labels()}
         if device is not None:
             labels[DEVICE_LABEL] = device
         return labels
 
     def prepare(self, ctx, devices):
         self.ctx = ctx
+        self.owner = Owner.current()  # on every service, network and anchor: clean tells a killed run's from a live one's
         self.devices = {d.name: d for d in devices}
         ok, why = is_manager(self.docker)
         if not ok:
@@ -178,13 +180,16 @@ class SwarmBackend(Backend):
     def _create_network(self, devices: int) -> None:
         import docker.types
 
-        subnet = free_subnet(self.docker, devices + 2 * len(self.nodes) + 8)
-        ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet), gateway=str(subnet.network_address + 1))])
         self.network_name = f"emu-{self.ctx.run_id}"
-        network = self.docker.networks.create(
-            self.network_name, driver="overlay", scope="swarm", internal=True, attachable=True, ipam=ipam,
-            options={"encrypted": ""} if self.options.encrypted else None, labels=self._labels("network"),
-        )
+
+        def make(subnet):
+            ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet), gateway=str(subnet.network_address + 1))])
+            return self.docker.networks.create(
+                self.network_name, driver="overlay", scope="swarm", internal=True, attachable=True, ipam=ipam,
+                options={"encrypted": ""} if self.options.encrypted else None, labels=self._labels("network"),
+            )
+
+        network, _ = create_network(self.docker, devices + 2 * len(self.nodes) + 8, make)
         self.network_id = network.id
 
     def _start_anchor(self) -> None:

@@ -1,8 +1,9 @@
 """Cleaning up a swarm by label: the services (devices, agents), overlay networks and anchors of
 one run or of every run, and, through a global job (the janitor), the runs' files on every node.
 
-``emulate clean`` calls :func:`remove_swarm_labelled` after any crash; a run's own teardown
-calls it too, without the janitor (its agents have removed its files already).
+``emulate clean`` calls :func:`remove_swarm_labelled` after any crash, with ``keep`` saying which
+objects belong to runs still going (their owner labels, :mod:`emulator.host.owner`); a run's own
+teardown calls it too, without the janitor (its agents have removed its files already).
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from emulator.backends.swarm.manager import FAILED_STATES, ROLE_LABEL, is_manage
 from emulator.backends.swarm.options import SwarmOptions
 
 
-def remove_swarm_labelled(run_id: str | None = None, docker_client=None, *, janitor: bool = True, say=lambda line: None) -> list[str]:
+def remove_swarm_labelled(run_id: str | None = None, docker_client=None, *, janitor: bool = True, say=lambda line: None,
+                          keep=None) -> list[str]:
     """Remove the services (devices, agents), overlay networks and anchors of one run or of
-    every run; with ``janitor``, also the run's files on every node (a global job)."""
+    every run; with ``janitor``, also the run's files on every node (a global job). ``keep``:
+    called with each object's kind, name and labels, True for one to leave alone."""
+    keep = keep or (lambda kind, name, labels: False)
     docker_client = docker_client or client(timeout=60)
     try:
         ok, _ = is_manager(docker_client)
@@ -27,7 +31,9 @@ def remove_swarm_labelled(run_id: str | None = None, docker_client=None, *, jani
     label = f"{RUN_LABEL}={run_id}" if run_id else LABEL
     removed = []
     if ok:
-        services = docker_client.api.services(filters={"label": label})
+        services = [s for s in docker_client.api.services(filters={"label": label})
+                    if s["Spec"].get("Labels", {}).get(ROLE_LABEL) == "janitor"
+                    or not keep("service", s["Spec"]["Name"], s["Spec"].get("Labels", {}))]
         agent_images = [s["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"] for s in services
                         if s["Spec"].get("Labels", {}).get(ROLE_LABEL) == "agent"]
         runs = sorted({s["Spec"].get("Labels", {}).get(RUN_LABEL, "") for s in services} - {""})
@@ -40,9 +46,11 @@ def remove_swarm_labelled(run_id: str | None = None, docker_client=None, *, jani
             except Exception as exc:  # noqa: BLE001 - report, keep cleaning
                 removed.append(f"service {service['Spec']['Name']} NOT removed: {exc}")
         if janitor and agent_images and runs:
-            removed += _run_janitor(docker_client, agent_images[0], runs if run_id else ["*"], say)
+            removed += _run_janitor(docker_client, agent_images[0], runs if run_id or services_kept(docker_client, label) else ["*"], say)
     for container in docker_client.api.containers(all=True, filters={"label": [label, f"{ROLE_LABEL}=anchor"]}):
         name = container["Names"][0].lstrip("/")
+        if keep("container", name, container.get("Labels") or {}):
+            continue
         try:
             docker_client.api.remove_container(container["Id"], force=True)
             removed.append(f"container {name}")
@@ -51,6 +59,8 @@ def remove_swarm_labelled(run_id: str | None = None, docker_client=None, *, jani
     if ok:
         deadline = time.monotonic() + 60
         for network in docker_client.networks.list(filters={"label": label, "driver": "overlay"}):
+            if keep("network", network.name, network.attrs.get("Labels") or {}):
+                continue
             while True:
                 try:
                     network.remove()
@@ -64,11 +74,20 @@ def remove_swarm_labelled(run_id: str | None = None, docker_client=None, *, jani
         # Swarm removes a network once the last task has left it, and a task's container once
         # the task is gone: wait for both (on this node), so that nothing labelled is left.
         while time.monotonic() < deadline:
-            if not docker_client.api.networks(filters={"label": label, "driver": "overlay"}) and not any(
-                    "com.docker.swarm.service.id" in (c.get("Labels") or {}) for c in docker_client.api.containers(all=True, filters={"label": label})):
+            networks = [n for n in docker_client.api.networks(filters={"label": label, "driver": "overlay"})
+                        if not keep("network", n["Name"], n.get("Labels") or {})]
+            tasks = [c for c in docker_client.api.containers(all=True, filters={"label": label})
+                     if "com.docker.swarm.service.id" in (c.get("Labels") or {})
+                     and not keep("container", c["Names"][0].lstrip("/"), c.get("Labels") or {})]
+            if not networks and not tasks:
                 break
             time.sleep(0.5)
     return removed
+
+
+def services_kept(docker_client, label: str) -> bool:
+    """Whether services of some run are left (so the janitor must not delete every run's files)."""
+    return any(s["Spec"].get("Labels", {}).get(ROLE_LABEL) != "janitor" for s in docker_client.api.services(filters={"label": label}))
 
 
 def _run_janitor(docker_client, image: str, runs: list[str], say) -> list[str]:
