@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,7 +58,18 @@ def test_telling_a_gone_init_is_not_an_error():
         os.close(write_fd)
 
 
-@pytest.mark.parametrize("told, code", [("exit 5\n", 5), ("noise\nexit 0\n", 0), ("exit x\n", 1), ("", 0)])
+@pytest.mark.parametrize("told, code", [("exit 5\n", 5), ("noise\nexit 0\n", 0), ("exit x\n", 1)])
 def test_hold_exits_with_the_code_it_is_told(told, code):
     done = subprocess.run([sys.executable, "-I", "-S", str(HOLD)], input=told, capture_output=True, text=True, timeout=30)
     assert done.returncode == code and "waiting for the device" in done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="a new pid namespace needs root and unshare")
+def test_hold_with_its_stdin_closed_lives_as_long_as_the_other_process_of_its_namespace():
+    # hold is PID 1 of a new pid namespace, a 1 s sleep the only other process, stdin /dev/null.
+    script = f"sleep 1 & exec {sys.executable} -I -S {HOLD} </dev/null"
+    started = time.monotonic()
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "watching /proc" in done.stdout, done
+    assert time.monotonic() - started >= 1.0  # not before the sleep ended
