@@ -86,7 +86,7 @@ def docker_and_dataset() -> tuple[dict | None, dict | None]:
 
 
 def run_docker_scenario(scenario: dict, out_root, *, image: str | None = None, check_fidelity: bool = True,
-                        limit_s: float = 900.0, say: Callable[[str], None] | None = None):
+                        limit_s: float = 900.0, say: Callable[[str], None] | None = None, boot: str | None = None):
     """Run a scenario mapping to the end on the Docker backend, as ``emulate run`` would.
 
     Returns (summary, run directory). A watchdog turns a run past ``limit_s`` into an interrupted
@@ -105,7 +105,7 @@ def run_docker_scenario(scenario: dict, out_root, *, image: str | None = None, c
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.alarm(int(limit_s))
     try:
-        summary = run_scenario(path, out_root, backend=DockerBackend(say=say, image=image), run_id=run_id,
+        summary = run_scenario(path, out_root, backend=DockerBackend(say=say, image=image, boot=boot), run_id=run_id,
                                check_fidelity=check_fidelity, say=say)
     finally:
         signal.alarm(0)

@@ -9,6 +9,12 @@ network's gateway. Links are shaped from the host in each container's namespace
 run id, an instance key (names carry it too: two runs of the same id never share a name), the
 run directory and the controller that owns it (:mod:`emulator.host.owner`); the run's teardown
 removes its own instance's, and ``emulate clean`` what a killed controller left.
+
+How a device's program starts is the backend's ``boot`` option (``EDGE_EMULATOR_DOCKER_BOOT``):
+``zygote`` (the default) forks every device from one container that imported TensorFlow once
+(:mod:`emulator.backends.docker_zygote`); ``exec`` runs ``python`` in each container, which then
+imports TensorFlow itself. When the zygote cannot work here the run boots with ``exec``, says why,
+and records it (``boot`` in ``mechanisms.json``).
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ MODULES = {"server": "paramserver", "worker": "worker", "evaluator": "evaluator"
 CPU_PERIOD_US = 100_000
 START_THREADS = 8
 TEARDOWN_ROUNDS = 5  # passes of label-based removal at the end of a run, a second apart
+PAUSE_ATTEMPTS = 3
+BOOT_ENV = "EDGE_EMULATOR_DOCKER_BOOT"
+BOOT_MODES = ("zygote", "exec")
 
 
 def client(timeout: int = 120):
@@ -68,8 +77,15 @@ def answering_client(timeout: int = 5):
 class DockerBackend(Backend):
     name = "docker"
 
-    def __init__(self, say=None, image: str | None = None):
+    def __init__(self, say=None, image: str | None = None, boot: str | None = None):
         super().__init__(say)
+        boot = boot or os.environ.get(BOOT_ENV) or "zygote"
+        if boot not in BOOT_MODES:
+            raise ValueError(f"docker backend: boot {boot!r} (from {'$' + BOOT_ENV if os.environ.get(BOOT_ENV) == boot else 'the boot option'}) "
+                             f"is not one of {', '.join(BOOT_MODES)}")
+        self.boot = boot
+        self.boot_why = "asked for" if boot == "exec" else ""
+        self.zygote = None
         self.docker = client()
         self.image = image
         self.ctx: RunContext | None = None
@@ -115,6 +131,8 @@ class DockerBackend(Backend):
         checkpoints.mkdir(exist_ok=True)
         os.chown(checkpoints, DEVICE_UID, DEVICE_UID)  # the only writable mount, the server's alone
         os.chmod(checkpoints, 0o700)
+        if self.boot == "zygote":
+            self._start_zygote()
         return Endpoints(gateway, gateway, ("0.0.0.0", SERVER_PORT), (server_ip, SERVER_PORT), DATA_MOUNT, CHECKPOINT_MOUNT)
 
     def labels(self, device: str | None = None) -> dict[str, str]:
@@ -123,8 +141,38 @@ class DockerBackend(Backend):
                   RUNDIR_LABEL: str(Path(self.ctx.run_dir).resolve()), **self.owner.labels()}
         return {**labels, DEVICE_LABEL: device} if device is not None else labels
 
+    def _start_zygote(self) -> None:
+        from emulator.backends.docker_zygote import ZygoteBoot
+
+        self.zygote = ZygoteBoot(self.docker, self.image, f"{self.ctx.run_id}-{self.instance}", self.labels(), self.say)
+        try:
+            seconds = self.zygote.start()
+        except Exception as exc:  # noqa: BLE001 - any failure: boot the old way, and say why
+            self.boot_why = f"the zygote failed: {type(exc).__name__}: {exc}"[:500]
+            self._save_zygote_log()
+            self.zygote.close()
+            self.zygote, self.boot = None, "exec"
+            self.say(f"docker: boot exec (each container imports TensorFlow): {self.boot_why}")
+            return
+        self.boot_why = f"zygote ready and probed in {seconds:.1f}s"
+        self.say(f"docker: boot zygote (TensorFlow loaded once, {seconds:.1f}s; devices are forked into their containers)")
+
+    def _save_zygote_log(self) -> None:
+        if self.zygote is not None and self.ctx is not None:
+            with open(Path(self.ctx.run_dir) / "logs" / "zygote.log", "ab") as fh:
+                fh.write(self.zygote.logs())
+
+    def boot_mechanism(self) -> str:
+        """How device programs start in this run, and why (recorded in mechanisms.json)."""
+        if self.boot == "zygote":
+            return f"zygote (forked from emu-{self.ctx.run_id}-{self.instance}-zygote into the device's container; {self.boot_why})"
+        return f"exec (python in each container imports TensorFlow; {self.boot_why or 'asked for'})"
+
     def mechanisms(self, device):
-        return {"cpus": "docker-cpu-quota (cgroup cfs)", **links.plan_mechanisms(self.features, device.link)}
+        out = {"cpus": "docker-cpu-quota (cgroup cfs)", **links.plan_mechanisms(self.features, device.link)}
+        if self.ctx is not None:
+            out["boot"] = self.boot_mechanism()
+        return out
 
     # -- devices -------------------------------------------------------------------------
 
@@ -152,13 +200,20 @@ class DockerBackend(Backend):
             read_only=True, tmpfs={"/tmp": "rw,nosuid,nodev,size=256m"},
             cap_drop=["ALL"], security_opt=["no-new-privileges"],
             binds=self._binds(device),
-            network_mode=self.network.name, init=True,
+            network_mode=self.network.name, init=self.zygote is None,  # hold is the init when the zygote boots it
         )
+        if self.zygote is not None:
+            from emulator.backends.docker_zygote import HOLD
+
+            command = HOLD
+        else:
+            command = ["python", "-m", f"emulator.runtime.{MODULES[device.role]}", f"{CONFIG_MOUNT}/config.json"]
         created = self.docker.api.create_container(
-            self.image, command=["python", "-m", f"emulator.runtime.{MODULES[device.role]}", f"{CONFIG_MOUNT}/config.json"],
+            self.image, command=command,
             name=f"emu-{self.ctx.run_id}-{self.instance}-{device.name}", user="10001:10001", host_config=host_config,
             networking_config=networking, labels=self.labels(device.name),
             environment={"OMP_NUM_THREADS": str(max(1, int(device.cpus + 0.999)))}, detach=True,
+            stdin_open=self.zygote is not None,  # hold reads the device's exit code there
         )
         return self.docker.containers.get(created["Id"])
 
@@ -184,6 +239,12 @@ class DockerBackend(Backend):
         container.start()
         container.reload()
         links.drop_default_route(self._netns(device.name))  # internal means no way out (Docker < 25 adds one)
+        if self.zygote is not None:
+            try:
+                self.zygote.enter(container.attrs["State"]["Pid"], device.role, [f"{CONFIG_MOUNT}/config.json"],
+                                  DEVICE_UID, DEVICE_UID)
+            except Exception as exc:
+                raise RuntimeError(f"{device.name}: the zygote could not start it in its container: {exc}") from exc
         with self._lock:
             self._host_index.pop(device.name, None)
 
@@ -219,7 +280,18 @@ class DockerBackend(Backend):
             self._host_index.pop(device.name, None)
 
     def pause(self, device):
-        self.containers[device.name].pause()
+        """``docker pause`` (the cgroup freezer); runc gives up when a task does not freeze within a
+        few hundred milliseconds, which a loaded machine sometimes causes: try again, a moment apart."""
+        container = self.containers[device.name]
+        for attempt in range(PAUSE_ATTEMPTS):
+            try:
+                container.pause()
+                return
+            except Exception as exc:  # noqa: BLE001 - docker.errors.APIError: "unable to freeze"
+                if attempt + 1 == PAUSE_ATTEMPTS or "freeze" not in str(exc):
+                    raise
+                self.say(f"docker: pausing {device.name} failed ({exc}); trying again")
+                time.sleep(0.2)
 
     def resume(self, device):
         self.containers[device.name].unpause()
@@ -295,7 +367,11 @@ class DockerBackend(Backend):
             return
         try:
             self.collect_logs()
+            self._save_zygote_log()
         finally:
+            if self.zygote is not None:
+                self.zygote.close()
+                self.zygote = None
             remove_labelled(self.ctx.run_id, self.docker, rounds=TEARDOWN_ROUNDS, say=self.say, instance=self.instance)
             self.containers.clear()
             self.network = None

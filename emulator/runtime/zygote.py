@@ -6,10 +6,16 @@ devices boot in a fraction of a second and share the imported libraries' pages c
 (PSS per device falls to roughly what it allocates itself). The zygote stays single-threaded
 and never runs a TensorFlow op, so forking it is safe.
 
-Protocol, over a Unix socket (``@name``: an abstract one): one JSON line per request ``{"module", "config", "log",
-"cgroup"}`` answered by ``{"pid": ...}`` or ``{"error": ...}``. The child starts a new
-session (so its process group can be signalled as a whole), joins its cgroup if one is given,
-sends its output to its log file, and runs the device program's ``main``.
+Protocol, over a Unix socket (``@name``: an abstract one, so only peers with the zygote's own uid
+are served): one JSON line per request ``{"module", "config", "log", "cgroup"}`` answered by
+``{"pid": ...}`` or ``{"error": ...}``. The child starts a new session (so its process group can
+be signalled as a whole), joins its cgroup if one is given, sends its output to its log file, and
+runs the device program's ``main``.
+
+The Docker backend runs this zygote in a container of the runtime image and asks instead
+``{"module", "container": {"pid", "cgroup_root", "uid", "gid", "argv"}}``: the child moves into
+the container whose init is ``pid`` (:mod:`emulator.runtime.enter`), and the reply's ``pid`` is
+the device's, as the zygote sees it. Module ``probe`` enters and exits at once (a self-test).
 """
 
 from __future__ import annotations
@@ -23,10 +29,13 @@ import socket
 import sys
 import traceback
 
+from emulator.runtime import enter
+
 PRELOAD = ("numpy", "tensorflow", "compression", "emulator.runtime.models", "emulator.runtime.worker",
            "emulator.runtime.evaluator", "emulator.runtime.paramserver")
 MODULES = {"worker": "emulator.runtime.worker", "evaluator": "emulator.runtime.evaluator",
            "server": "emulator.runtime.paramserver"}
+PROBE = "probe"  # a container request that enters, says so and exits 0
 
 
 def preload() -> None:
@@ -52,9 +61,7 @@ def _child(request: dict) -> None:
         os.dup2(devnull, 0)
         os.close(devnull)
         os.environ["EMU_CONFIG"] = json.dumps(request["config"])
-        sys.argv = [MODULES[request["module"]]]
-        module = importlib.import_module(MODULES[request["module"]])
-        code = module.main() or 0
+        code = _run_main(MODULES[request["module"]], [])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - the child must never return into the zygote's loop
@@ -63,6 +70,77 @@ def _child(request: dict) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _run_main(module_name: str, argv: list[str]) -> int:
+    sys.argv = [module_name, *argv]
+    module = importlib.import_module(module_name)
+    return module.main() or 0
+
+
+def _container_child(request: dict, reply_fd: int) -> None:
+    """In the forked child: enter the container, fork the device into its pid namespace, report
+    the device's pid through ``reply_fd``, then wait for it and pass its exit code to the
+    container's init (never returns)."""
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        spec = request["container"]
+        handles = enter.open_handles(int(spec["pid"]), spec["cgroup_root"])
+        enter.join_namespaces(handles)
+        device = os.fork()
+    except BaseException as exc:  # noqa: BLE001 - reported to the asker
+        os.write(reply_fd, (json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n").encode())
+        os._exit(1)
+    if device == 0:
+        os.close(reply_fd)
+        try:
+            enter.become_device(handles, int(spec["uid"]), int(spec["gid"]))
+            if request["module"] == PROBE:
+                print("probe: a device forked from the zygote runs in this container", flush=True)
+                code = 0
+            else:
+                code = _run_main(MODULES[request["module"]], list(spec.get("argv", [])))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # noqa: BLE001 - the device must never return into the zygote's code
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    os.write(reply_fd, (json.dumps({"pid": device}) + "\n").encode())
+    os.close(reply_fd)
+    for fd in (handles.stdout, handles.stderr, *handles.cgroups):
+        os.close(fd)
+    _, status = os.waitpid(device, 0)
+    enter.report_exit(handles, status)
+    os._exit(0)
+
+
+def _spawn_into_container(request: dict, inherited: list) -> dict:
+    """Fork a child that enters the container; its first line is the answer. ``inherited``:
+    the zygote's sockets and selector, which the child closes."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        for item in inherited:
+            item.close()
+        _container_child(request, write_fd)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        line = pipe.readline()
+    if not line:
+        return {"error": f"the zygote's child {pid} ended without an answer"}
+    return json.loads(line)
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    import struct
+
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[2]
 
 
 def _reap(signum, frame) -> None:
@@ -92,12 +170,21 @@ def serve(path: str) -> None:
     while True:
         for _ in selector.select(timeout=1.0):
             conn, _ = listener.accept()
+            if _peer_uid(conn) != os.getuid():  # an abstract socket has no file permissions
+                conn.close()
+                continue
             with conn, conn.makefile("rwb") as stream:
                 for line in stream:
                     try:
                         request = json.loads(line)
-                        if request.get("module") not in MODULES:
+                        container = request.get("container")
+                        if request.get("module") not in MODULES and not (container and request.get("module") == PROBE):
                             raise ValueError(f"unknown module {request.get('module')!r}")
+                        if container:
+                            reply = _spawn_into_container(request, [stream, conn, selector, listener])
+                            stream.write((json.dumps(reply) + "\n").encode())
+                            stream.flush()
+                            continue
                         pid = os.fork()
                     except Exception as exc:  # noqa: BLE001 - reported to the asker
                         stream.write((json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n").encode())
@@ -111,6 +198,54 @@ def serve(path: str) -> None:
                     stream.flush()
 
 
+class ZygoteConnection:
+    """A connection to a running zygote: one request at a time, from any thread."""
+
+    def __init__(self, path: str):
+        import threading
+
+        self.path = path
+        self._lock = threading.Lock()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.connect(socket_address(path))
+        self._stream = self._sock.makefile("rwb")
+
+    @classmethod
+    def wait(cls, path: str, timeout_s: float, alive=lambda: True) -> "ZygoteConnection":
+        """Connect once the zygote listens (it binds after preloading); ``alive()`` False: give up."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return cls(path)
+            except (ConnectionRefusedError, FileNotFoundError):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the zygote at {path} did not listen within {timeout_s:g}s") from None
+                if not alive():
+                    raise RuntimeError(f"the zygote at {path} ended before it listened") from None
+                time.sleep(0.2)
+
+    def request(self, request: dict) -> dict:
+        with self._lock:
+            self._stream.write((json.dumps(request) + "\n").encode())
+            self._stream.flush()
+            line = self._stream.readline()
+        if not line:
+            raise RuntimeError("zygote: the connection closed (did the zygote end?)")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"zygote: {reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        for closer in (self._stream, self._sock):
+            try:
+                closer.close()
+            except OSError:
+                pass
+
+
 class ZygoteClient:
     """The local backend's handle on its zygote: start it, ask it to fork devices, stop it."""
 
@@ -119,6 +254,7 @@ class ZygoteClient:
         import time
 
         self.path = path
+        self._conn = None
         self._log = open(log, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "emulator.runtime.zygote", path], env=env, cwd=cwd,
                                      stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -127,26 +263,15 @@ class ZygoteClient:
         if line.strip() != b"ready" or time.monotonic() > deadline:
             self.close()
             raise RuntimeError(f"the zygote did not start (see {log})")
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.connect(socket_address(path))
-        self._stream = self._sock.makefile("rwb")
+        self._conn = ZygoteConnection(path)
 
     def spawn(self, module: str, config: dict, log: str, cgroup: str | None = None) -> int:
-        request = {"module": module, "config": config, "log": log, "cgroup": cgroup}
-        self._stream.write((json.dumps(request) + "\n").encode())
-        self._stream.flush()
-        reply = json.loads(self._stream.readline())
-        if "error" in reply:
-            raise RuntimeError(f"zygote: {reply['error']}")
+        reply = self._conn.request({"module": module, "config": config, "log": log, "cgroup": cgroup})
         return int(reply["pid"])
 
     def close(self) -> None:
-        for closer in (getattr(self, "_stream", None), getattr(self, "_sock", None)):
-            if closer is not None:
-                try:
-                    closer.close()
-                except OSError:
-                    pass
+        if self._conn is not None:
+            self._conn.close()
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)

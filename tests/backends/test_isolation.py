@@ -2,7 +2,9 @@
 
 During a small Docker run: every device container runs as a non-root user, on a read-only
 root filesystem (a write to ``/`` fails inside, also as uid 0: EROFS), with every capability
-dropped (``CapEff`` of its PID 1 is 0), no new privileges, memory and pids limits, on an
+dropped (``CapEff`` of its PID 1 is 0, and of every process in it: with ``boot: zygote`` the
+device is forked in from the zygote container, not PID 1), no new privileges, under Docker's
+seccomp filter, memory and pids limits, on an
 internal network (no default route in its routing table; nothing here connects outward).
 A peer with another run's token is refused by the parameter server (``rejections.jsonl``,
 reason ``bad_token``) and by the collector (``events.jsonl``, kind ``collector_refused``).
@@ -56,6 +58,7 @@ def write(path):
     except OSError as exc:
         return exc.errno
 init, me = status(1), status("self")
+others = {pid: status(pid) for pid in os.listdir("/proc") if pid.isdigit() and int(pid) not in (1, os.getpid(), os.getppid())}
 routes = [line.split() for line in open("/proc/net/route").read().splitlines()[1:]]
 root_mount = [line.split()[3].split(",") for line in open("/proc/mounts") if line.split()[1] == "/"]
 print(json.dumps({
@@ -64,6 +67,10 @@ print(json.dumps({
     "init_caps": {k: int(init[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")},
     "my_caps": {k: int(me[k], 16) for k in ("CapPrm", "CapEff", "CapBnd")},
     "no_new_privs": int(init["NoNewPrivs"]), "routes": [(r[0], r[1], r[2]) for r in routes],
+    "processes": {pid: {"uid": st["Uid"].split(), "gid": st["Gid"].split(), "groups": st["Groups"].split(),
+                        "no_new_privs": int(st["NoNewPrivs"]), "seccomp": int(st["Seccomp"]),
+                        "caps": {k: int(st[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}}
+                  for pid, st in others.items()},
 }))
 """
 
@@ -110,9 +117,13 @@ def test_device_containers_are_isolated_and_strangers_refused(docker_client, run
             assert proc.poll() is None, (tmp_path / "controller.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "training never started"
             time.sleep(0.5)
-        containers = {c.labels["edge-emulator.device"]: c
-                      for c in docker_client.containers.list(filters={"label": f"edge-emulator.run={run_id}"})}
+        labelled = docker_client.containers.list(filters={"label": f"edge-emulator.run={run_id}"})
+        containers = {c.labels["edge-emulator.device"]: c for c in labelled if "edge-emulator.device" in c.labels}
         assert set(containers) == {"server", "evaluator", "worker-0", "worker-1"}
+        boot = read_json(run / "mechanisms.json")["worker-0"]["boot"]
+        others = [c.name for c in labelled if "edge-emulator.device" not in c.labels]
+        zygotes = [n for n in others if n.startswith(f"emu-{run_id}-") and n.endswith("-zygote")]
+        assert others == zygotes and len(zygotes) == (1 if boot.startswith("zygote") else 0), (boot, others)
 
         for name, container in containers.items():
             container.reload()
@@ -132,6 +143,12 @@ def test_device_containers_are_isolated_and_strangers_refused(docker_client, run
             assert "ro" in seen["root_mount"], (name, seen)
             assert set(seen["init_caps"].values()) == {0} and set(seen["my_caps"].values()) == {0}, (name, seen)
             assert seen["no_new_privs"] == 1, (name, seen)
+            # The device program itself (PID 1's child with exec, a process forked in with the zygote).
+            assert seen["processes"], (name, "no device process seen beside PID 1")
+            for pid, process in seen["processes"].items():
+                assert set(process["uid"]) == set(process["gid"]) == {"10001"} and not process["groups"], (name, pid, process)
+                assert set(process["caps"].values()) == {0} and process["no_new_privs"] == 1, (name, pid, process)
+                assert process["seccomp"] == 2, (name, pid, process)  # Docker's default profile (the zygote's, inherited)
             assert seen["routes"], "no routing table at all"
             assert all(destination != "00000000" for _, destination, _ in seen["routes"]), (name, seen["routes"])
             as_root = _inside(containers[name], "0:0")  # uid 0 owns "/": only the read-only mount stops it
