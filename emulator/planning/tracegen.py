@@ -123,7 +123,8 @@ def _mahimahi_rates(path: str | Path, window_s: float) -> list[float]:
     return rates
 
 
-def _lines(path: str | Path):
+def _bounded(path: str | Path) -> Path:
+    """``path``, once it is known to exist and to be no larger than a trace may be."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -131,6 +132,11 @@ def _lines(path: str | Path):
         raise TraceError(str(path), 0, None, f"cannot read the file: {exc.strerror}") from None
     if size > traces.MAX_TRACE_BYTES:
         raise TraceError(str(path), 0, None, f"{size >> 20} MiB, larger than {traces.MAX_TRACE_BYTES >> 20} MiB")
+    return path
+
+
+def _lines(path: str | Path):
+    path = _bounded(path)
     try:
         with open(path, encoding="utf-8") as handle:
             for number, text in enumerate(handle, 1):
@@ -154,13 +160,7 @@ class _PlainData(pickle.Unpickler):
 
 
 def _load_pickle(path: str | Path) -> dict:
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise TraceError(str(path), 0, None, f"cannot read the file: {exc.strerror}") from None
-    if size > traces.MAX_TRACE_BYTES:
-        raise TraceError(str(path), 0, None, f"{size >> 20} MiB, larger than {traces.MAX_TRACE_BYTES >> 20} MiB")
+    path = _bounded(path)
     try:
         with open(path, "rb") as handle:
             data = _PlainData(handle).load()

@@ -24,24 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_json, read_jsonl
+from conftest import ROOT, TEST_SCENARIOS, read_json, read_jsonl
 from emulator.backends.docker import INSTANCE_LABEL, LABEL, RUN_LABEL, RUNDIR_LABEL, remove_labelled
 from emulator.host.owner import Owner
 
 pytestmark = pytest.mark.docker
 
-SIDE_BY_SIDE = """\
-name: side
-seed: 3
-model: mlp
-dataset: {name: digits, partition: iid}
-training: {batch_size: 10, learning_rate: 0.1, duration: 45s, eval_every: 10s}
-method: {name: adacomp, c: 0.05}
-server: {cpus: 0.4}
-evaluator: {cpus: 0.2}
-workers:
-  - {count: 2, cpus: 0.2, uplink: 8mbit, downlink: 16mbit, delay: 5ms}
-"""
 DEVICES = 4
 
 
@@ -131,7 +119,7 @@ def _peers(run: Path) -> dict[str, set]:
 @pytest.mark.slow
 def test_two_runs_at_once_never_touch_each_other_and_a_killed_third_is_cleaned(docker_client, runtime_image, tmp_path):
     scenario = tmp_path / "side.yaml"
-    scenario.write_text(SIDE_BY_SIDE)
+    scenario.write_text((TEST_SCENARIOS / "concurrent.yaml").read_text())
     tag = secrets.token_hex(3)
     same = f"side-{tag}"  # one id for both: as two sweeps of one scenario into two directories make
     killed = f"side-{tag}-killed"

@@ -24,25 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, read_json, read_jsonl
+from conftest import ROOT, TEST_SCENARIOS, read_json, read_jsonl
 from emulator.runtime import protocol
 from emulator.runtime.protocol import MsgType
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 DEVICE_USER = "10001:10001"
 EROFS = 30
-SCENARIO = """\
-name: isolation
-seed: 11
-model: mlp
-dataset: {name: digits, partition: iid}
-training: {batch_size: 10, learning_rate: 0.05, duration: 25s, eval_every: 10s}
-method: {name: adacomp, c: 0.05}
-server: {cpus: 0.5}
-evaluator: {cpus: 0.25}
-workers:
-  - {count: 2, cpus: 0.25, memory: 768m, uplink: 16mbit, downlink: 32mbit}
-"""
 
 # Run inside a device container: who it is, what it may write, its capabilities, its routes.
 INSIDE = r"""
@@ -104,7 +92,7 @@ def _knock(address, token: bytes, hello: dict) -> tuple[str | None, bool]:
 
 def test_device_containers_are_isolated_and_strangers_refused(docker_client, runtime_image, tmp_path):
     scenario = tmp_path / "isolation.yaml"
-    scenario.write_text(SCENARIO)
+    scenario.write_text((TEST_SCENARIOS / "isolation.yaml").read_text())
     run_id = f"isolation-{secrets.token_hex(2)}"
     run = tmp_path / "runs" / run_id
     log = open(tmp_path / "controller.log", "w")

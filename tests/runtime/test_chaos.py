@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 
 import compression
-from conftest import ROOT
+from conftest import ROOT, TEST_SCENARIOS
 from emulator.control.rundir import STREAMS, read_jsonl
 from emulator.runtime import protocol
 from emulator.runtime.protocol import HEADER, MsgType
@@ -250,19 +250,6 @@ TARGETS = (
     ("training", "training_started", 8.0),
     ("teardown", "training_done", 2.0),  # final evaluation, logs, container removal
 )
-CHAOS_SCENARIO = """\
-# Small and shaped: every device gets an htb class and a netem leaf, so a kill leaves qdiscs to find.
-name: chaos
-seed: 5
-model: mlp
-dataset: {name: digits, partition: iid}
-training: {batch_size: 10, learning_rate: 0.1, duration: 8s, eval_every: 4s}
-method: {name: adacomp, c: 0.05}
-server: {cpus: 0.5, uplink: 50mbit, downlink: 50mbit}
-evaluator: {cpus: 0.25}
-workers:
-  - {count: 2, cpus: 0.25, uplink: 8mbit, downlink: 16mbit, delay: 5ms, loss: 0.1%}
-"""
 RECORDS = {"scenario.yaml", "scenario.resolved.json", "plan.json", "mechanisms.json", "data.json", "fidelity.json",
            "summary.json", "logs", *(f"{s}.jsonl" for s in STREAMS)}
 
@@ -408,7 +395,7 @@ def test_kill_and_clean_twenty_times_leaves_nothing_behind(docker_client, runtim
     cycle may be left, a killed run keeps only its records, a completed one all of them."""
     rng = random.Random(CHAOS_SEED)
     scenario = tmp_path / "chaos.yaml"
-    scenario.write_text(CHAOS_SCENARIO)
+    scenario.write_text((TEST_SCENARIOS / "chaos.yaml").read_text())
     out = tmp_path / "runs"
     tag = secrets.token_hex(2)
     started = time.monotonic()
