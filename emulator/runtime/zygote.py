@@ -46,8 +46,8 @@ def preload() -> None:
 
 def _child(request: dict) -> None:
     """In the forked child: become the device program (never returns)."""
-    code = 1
-    try:
+
+    def run() -> int:
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         if request.get("cgroup"):
@@ -61,10 +61,24 @@ def _child(request: dict) -> None:
         os.dup2(devnull, 0)
         os.close(devnull)
         os.environ["EMU_CONFIG"] = json.dumps(request["config"])
-        code = _run_main(MODULES[request["module"]], [])
+        return _run_main(MODULES[request["module"]], [])
+
+    _exit_as_python_would(run)
+
+
+def _exit_as_python_would(run) -> None:
+    """Run ``run`` (it returns the exit code) and end the process as the interpreter would end a
+    program: ``sys.exit("message")`` prints the message on stderr and exits 1, an uncaught
+    exception prints its traceback and exits 1. Never returns into the zygote's code."""
+    code = 1
+    try:
+        code = run()
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - the child must never return into the zygote's loop
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - the device must never return into the zygote's loop
         traceback.print_exc()
     finally:
         sys.stdout.flush()
@@ -82,7 +96,6 @@ def _container_child(request: dict, reply_fd: int) -> None:
     """In the forked child: enter the container, fork the device into its pid namespace, report
     the device's pid through ``reply_fd``, then wait for it and pass its exit code to the
     container's init (never returns)."""
-    code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         spec = request["container"]
@@ -94,21 +107,15 @@ def _container_child(request: dict, reply_fd: int) -> None:
         os._exit(1)
     if device == 0:
         os.close(reply_fd)
-        try:
+
+        def run() -> int:
             enter.become_device(handles, int(spec["uid"]), int(spec["gid"]))
             if request["module"] == PROBE:
                 print("probe: a device forked from the zygote runs in this container", flush=True)
-                code = 0
-            else:
-                code = _run_main(MODULES[request["module"]], list(spec.get("argv", [])))
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:  # noqa: BLE001 - the device must never return into the zygote's code
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+                return 0
+            return _run_main(MODULES[request["module"]], list(spec.get("argv", [])))
+
+        _exit_as_python_would(run)
     os.write(reply_fd, (json.dumps({"pid": device}) + "\n").encode())
     os.close(reply_fd)
     for fd in (handles.stdout, handles.stderr, *handles.cgroups):
