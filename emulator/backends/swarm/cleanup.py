@@ -13,6 +13,7 @@ import time
 
 from emulator.backends.docker import LABEL, RUN_LABEL, client
 from emulator.backends.swarm import agent as agent_wire
+from emulator.host.owner import Owner
 from emulator.backends.swarm.manager import FAILED_STATES, ROLE_LABEL, is_manager
 from emulator.backends.swarm.options import SwarmOptions
 
@@ -96,7 +97,8 @@ def _run_janitor(docker_client, image: str, runs: list[str], say) -> list[str]:
 
     options = SwarmOptions.from_env()
     name = f"emu-janitor-{secrets.token_hex(4)}"
-    labels = {LABEL: "1", ROLE_LABEL: "janitor", **({RUN_LABEL: runs[0]} if len(runs) == 1 and runs != ["*"] else {})}
+    labels = {LABEL: "1", ROLE_LABEL: "janitor", **Owner.current().labels(),  # a clean killed halfway leaves an orphan like any run
+              **({RUN_LABEL: runs[0]} if len(runs) == 1 and runs != ["*"] else {})}
     spec = T.ContainerSpec(image, command=["python", "-m", agent_wire.MODULE, "--clean", options.node_root, *runs], user="0:0",
                            cap_add=["SYS_PTRACE"], read_only=True, labels=labels,
                            mounts=[T.Mount(agent_wire.HOST_PROC, "/proc", type="bind", read_only=True)])
