@@ -38,15 +38,17 @@ class ServerProcess:
         from emulator.backends.local import free_port
         from emulator.control.collector import Collector
         from emulator.control.rundir import RunDirectory
+        from emulator.runtime.config import LinkConfig, ServerConfig
 
         self._tmp = tempfile.TemporaryDirectory()
         self.rundir = RunDirectory(Path(self._tmp.name) / "run")
         self.collector = Collector(self.rundir, self.token).start()
         self.address = ("127.0.0.1", free_port())
-        cfg = {"name": "server", "role": "server", "token": self.token.hex(), "start_time": time.time(), "seed": 0,
-               "collector": list(self.collector.address), "bind": list(self.address), "layout": self.layout.to_json(),
-               "rule": self.rule, "learning_rate": self.learning_rate, "max_updates": self.max_updates}
-        env = dict(os.environ, EMU_CONFIG=json.dumps(cfg), PYTHONPATH=str(ROOT))
+        cfg = ServerConfig(name="server", token=self.token.hex(), start_time=time.time(), seed=0,
+                           collector=tuple(self.collector.address), bind=self.address, layout=self.layout.to_json(),
+                           rule=self.rule, learning_rate=self.learning_rate, max_updates=self.max_updates,
+                           transport=LinkConfig(), checkpoint=None)
+        env = dict(os.environ, EMU_CONFIG=json.dumps(cfg.to_json()), PYTHONPATH=str(ROOT))
         self.process = subprocess.Popen([sys.executable, "-m", "emulator.runtime.paramserver"], env=env, stderr=subprocess.DEVNULL)
         self.pid = self.process.pid
         return self

@@ -89,6 +89,8 @@ class DockerBackend(Backend):
         self.docker = client()
         self.image = image
         self.ctx: RunContext | None = None
+        self.instance = secrets.token_hex(3)  # one backend object is one run: its names and labels carry this
+        self.owner = Owner.current()
         self.network = None
         self.server_ip = ""
         self.containers: dict[str, object] = {}
@@ -111,8 +113,7 @@ class DockerBackend(Backend):
         from emulator.host import images
 
         self.ctx = ctx
-        self.instance = secrets.token_hex(3)
-        self.owner = Owner.current()
+        self.owner = Owner.current()  # the process that runs the emulation (a sweep forks one per run)
         if self.image is None:
             self.image = images.ensure_runtime_image(self.docker, progress=self.say)
         import docker.types
