@@ -7,11 +7,13 @@ others' results nor passes for a result. A new experiment: a function here and i
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from analysis import figures
 from analysis.runs import load_collection, load_run
 
+from emulator.control.summary import flag
 from emulator.experiments.paper.availability import availability_experiment
 from emulator.experiments.paper.plots import ingress_figure, method_figures, sweep_figures
 from emulator.experiments.paper.profiles import LINKS, PAPER, Profile
@@ -28,10 +30,66 @@ from emulator.experiments.paper.tables import (
 )
 
 
+def with_alpha(method: str, alpha: float) -> str:
+    """A method spec at step size ``alpha`` (``adacomp:c=0.01`` -> ``adacomp:c=0.01:training.learning_rate=0.02``)."""
+    return f"{method}:training.learning_rate={alpha:g}"
+
+
+def best_alphas(profile: Profile, out: Path) -> dict[str, float]:
+    """Per method of the grid, the alpha of its best final accuracy among the grid's runs that
+    neither diverged nor died (ties: the larger alpha); a method with no such run is left out."""
+    path = out / "runs" / "alphas" / "compare.json"
+    if not profile.alpha_grid or not path.exists():
+        return {}
+    rows = {r["method"]: r for r in json.loads(path.read_text())["methods"]}
+    best: dict[str, float] = {}
+    for method in profile.alpha_methods:
+        scored = [(row["final_accuracy"], alpha) for alpha in profile.alpha_grid
+                  if (row := rows.get(with_alpha(method, alpha))) and row.get("final_accuracy") is not None and not flag(row)
+                  and run_failure(path.parent / row["run_id"]) is None]
+        if scored:
+            best[method] = max(scored)[1]
+    return best
+
+
+def alphas_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+    """The step-size grid: each method at each alpha of the profile, one seed, short runs. The
+    methods comparison adds every method at the alpha whose run ended most accurate here."""
+    if not profile.alpha_grid:
+        return Section("Step size per method", ["Not in this profile."], [], "-")
+    specs = [with_alpha(m, a) for m in profile.alpha_methods for a in profile.alpha_grid]
+    result = run_comparison("alphas", specs, profile.overrides("alpha", dataset), 1, out, backend, say)
+    directory = Path(result["directory"])
+    rows = {r["method"]: r for r in result["table"]["methods"]}
+    best = best_alphas(profile, out)
+    lines = ["| method | " + " | ".join(f"alpha {a:g}" for a in profile.alpha_grid) + " | chosen |",
+             "|---|" + "---:|" * len(profile.alpha_grid) + "---|"]
+    failures = []
+    for method in profile.alpha_methods:
+        cells = []
+        for alpha in profile.alpha_grid:
+            row = rows.get(with_alpha(method, alpha))
+            why = run_failure(directory / row["run_id"]) if row else "not run"
+            if why:
+                failures.append(f"alpha grid: {with_alpha(method, alpha)}: {why}")
+                cells.append(f"**FAILED**: {why}")
+                continue
+            cells.append(f"{fmt(row.get('final_accuracy'))} after {row.get('updates')}{flag(row)}")
+        chosen = f"{best[method]:g}" if method in best else "none trained: the paper's alpha only"
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {chosen} |")
+    body = ["Each method at each step size, one seed, on the devices of the methods comparison but for a short run: "
+            "final accuracy after the updates it applied (a diverged or dead run is flagged and never chosen). The "
+            "comparison below runs every method at the paper's alpha 0.1 and at the alpha chosen here. A short run "
+            "favours larger steps; the choice is the best of this grid, not a tuned optimum.", "", *lines]
+    return Section("Step size per method", body, [], result["command"], failures)
+
+
 def methods_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
     from analysis.byte_bases import real_gradient
 
-    methods = run_comparison("methods", list(profile.methods), profile.overrides("methods", dataset), profile.repeat, out, backend, say)
+    specs = list(profile.methods)
+    specs += [with_alpha(m, a) for m, a in best_alphas(profile, out).items() if a != 0.1 and with_alpha(m, a) not in specs]
+    methods = run_comparison("methods", specs, profile.overrides("methods", dataset), profile.repeat, out, backend, say)
     layout, grads = real_gradient(dataset)
     authors = authors_bytes_per_update(methods["table"]["methods"], Path(methods["directory"]), layout, grads)
     if methods["repeat"] > 1:
@@ -60,7 +118,10 @@ def staleness_experiment(profile: Profile, out: Path, backend: str, dataset: str
     groups: dict[tuple[str, int], list] = {}
     failures, commands = [], []
     for workers in profile.staleness_workers:
-        result = run_comparison(f"staleness-{workers}", list(profile.staleness_methods), [*base, f"workers[0].count={workers}"],
+        devices = [f"workers[0].count={workers}"]
+        if profile.staleness_total_cpus:
+            devices.append(f"workers[0].cpus={profile.staleness_total_cpus / workers:g}")
+        result = run_comparison(f"staleness-{workers}", list(profile.staleness_methods), [*base, *devices],
                                 profile.staleness_repeat, out, backend, say)
         commands.append(result["command"])
         directory = Path(result["directory"])
@@ -193,6 +254,7 @@ def _device_sweep(name: str, title: str, scenario: str, key: str, values: str):
 
 EXPERIMENTS = {
     "bytes": bytes_experiment,
+    "alphas": alphas_experiment,
     "methods": methods_experiment,
     "ingress": ingress_experiment,
     "heterogeneity": _device_sweep("heterogeneity", "Device CPU heterogeneity", "heterogeneity.yaml", "workers[0].cpus",

@@ -14,6 +14,10 @@ PAPER = ROOT / "scenarios" / "paper"
 ASGD_HALF_STEP = "asgd:training.learning_rate=0.05"
 
 
+# The paper's regime as far as 2 cores allow: 64 devices sharing 1.28 cores (docs/REPRODUCTION.md).
+PAPER_DEVICES = ("workers[0].count=64", "workers[0].cpus=0.02")
+
+
 @dataclass(frozen=True)
 class Profile:
     methods: tuple[str, ...]
@@ -34,6 +38,7 @@ class Profile:
     staleness_methods: tuple[str, ...] = ("comp_c:c=0.01", "adacomp:c=0.01")
     staleness_overrides: tuple[str, ...] = ()
     staleness_repeat: int = 2
+    staleness_total_cpus: float | None = None  # set: each of n devices gets total / n cores
     # Both directions of traffic (beyond the paper): dense against delta pulls, per link profile and worker count.
     two_way_methods: tuple[str, ...] = ("asgd:training.learning_rate=0.05", "adacomp:c=0.01", "adacomp:c=0.01:pull=delta",
                                         "adacomp:c=0.01:pull.mode=delta:pull.values=q8")
@@ -41,7 +46,11 @@ class Profile:
     two_way_workers: tuple[int, ...] = ()
     two_way_overrides: tuple[str, ...] = ()
     two_way_repeat: int = 3
-
+    # The step-size grid (beyond the paper's alpha 0.1): each of these methods at each alpha, one
+    # seed, short runs; the methods comparison then adds each one at its best alpha (none: skipped).
+    alpha_methods: tuple[str, ...] = ()
+    alpha_grid: tuple[float, ...] = ()
+    alpha_overrides: tuple[str, ...] = ()
 
     def overrides(self, experiment: str, dataset: str) -> list[str]:
         """The ``--set`` list of one experiment: the dataset, the experiment's own overrides, and the
@@ -72,22 +81,22 @@ PROFILES = {
     # The paper's regime as far as 2 cores allow (docs/REPRODUCTION.md says what bounds each number):
     # 64 devices, 20,000 server updates, five paired repetitions, the whole test set.
     "paper": Profile(
-        methods=("asgd", ASGD_HALF_STEP, "asgd:training.learning_rate=0.02", "staleness_asgd", "comp_c:c=0.01",
-                 "adacomp:c=0.01", "comp_c:c=0.001", "adacomp:c=0.001", "adacomp:c=0.01:training.learning_rate=0.05",
-                 "comp_c:c=0.01:training.learning_rate=0.05"),
-        methods_overrides=("workers[0].count=64", "workers[0].cpus=0.02", "training.max_updates=20000",
-                           "training.eval_every=1000 updates"),
-        repeat=5, sweep_repeat=3,
+        # The paper's alpha 0.1 for every method; the alpha grid adds each one at its own best alpha.
+        methods=("asgd", "staleness_asgd", "comp_c:c=0.01", "adacomp:c=0.01", "adacomp:c=0.001"),
+        methods_overrides=PAPER_DEVICES + ("training.max_updates=20000", "training.eval_every=2000 updates"),
+        alpha_methods=("asgd", "comp_c:c=0.01", "adacomp:c=0.01", "adacomp:c=0.001"), alpha_grid=(0.1, 0.02, 0.005),
+        alpha_overrides=PAPER_DEVICES + ("training.max_updates=2000", "training.eval_every=1000 updates"),
+        repeat=3, sweep_repeat=3,
         ingress_workers=(4, 16, 64), ingress_overrides=("training.duration=60s",),
         heterogeneity=("0.1", "{uniform: [0.02, 0.18]}", "[0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, "
                        "0.34, 0.34, 0.34, 0.34]"),
-        heterogeneity_overrides=("training.duration=180s", "workers[0].count=16"),
-        crash_rates=("0", "60", "240"), crash_overrides=("training.duration=180s", "workers[0].count=16"),
-        staleness_workers=(4, 16, 64), staleness_overrides=("training.max_updates=5000", "training.eval_every=1000 updates",
-                                                            "workers[0].cpus=0.02"),
+        heterogeneity_overrides=("training.duration=120s", "workers[0].count=16"),
+        crash_rates=("0", "60", "240"), crash_overrides=("training.duration=120s", "workers[0].count=16"),
+        # The same 1.28 cores of devices at every worker count (1.28 / n each), so only staleness changes.
+        staleness_workers=(4, 16, 64), staleness_total_cpus=1.28,
+        staleness_overrides=("training.max_updates=5000", "training.eval_every=1000 updates", "training.learning_rate=0.02"),
         staleness_repeat=3,
-        two_way_workers=(8, 32), two_way_overrides=("training.max_updates=3000", "training.eval_every=500 updates",
-                                                    "workers[0].cpus=0.05"),
+        two_way_workers=(8, 32), two_way_overrides=("training.duration=120s", "training.eval_every=20s", "workers[0].cpus=0.04"),
     ),
     "smoke": Profile(
         methods=("asgd", "adacomp:c=0.01"),
