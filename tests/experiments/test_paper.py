@@ -137,3 +137,25 @@ def test_an_experiments_own_override_wins_over_the_profile_wide_one():
     assert [o for o in staleness if o.startswith("training.eval_every")] == ["training.eval_every=10 updates"]
     assert "dataset.test_size=300" in staleness
     assert smoke.overrides("crash", "digits")[-2:] == ["dataset.test_size=300", "training.eval_every=5s"]
+
+
+def test_each_method_gets_the_alpha_of_its_best_run_that_neither_diverged_nor_died(tmp_path):
+    from dataclasses import replace
+
+    from emulator.experiments.paper.experiments import best_alphas, with_alpha
+
+    profile = replace(PROFILES["smoke"], alpha_methods=("asgd", "adacomp:c=0.01", "comp_c:c=0.01"), alpha_grid=(0.1, 0.02, 0.005))
+    runs = {("asgd", 0.1): ("diverged", 0.1), ("asgd", 0.02): ("diverged", 0.1), ("asgd", 0.005): ("ok", 0.42),
+            ("adacomp:c=0.01", 0.1): ("diverged", 0.1), ("adacomp:c=0.01", 0.02): ("ok", 0.66),
+            ("adacomp:c=0.01", 0.005): ("ok", 0.66),  # a tie: the larger step is chosen
+            ("comp_c:c=0.01", 0.1): ("dead", 0.95), ("comp_c:c=0.01", 0.02): ("ok", 0.3)}  # a dead run is never chosen
+    rows = []
+    for i, ((method, alpha), (outcome, accuracy)) in enumerate(runs.items()):
+        run_id = f"{i:02d}"
+        (tmp_path / "runs" / "alphas" / run_id).mkdir(parents=True)
+        (tmp_path / "runs" / "alphas" / run_id / "summary.json").write_text(json.dumps({"status": "completed"}))
+        rows.append({"method": with_alpha(method, alpha), "run_id": run_id, "outcome": outcome, "final_accuracy": accuracy})
+    (tmp_path / "runs" / "alphas" / "compare.json").write_text(json.dumps({"methods": rows}))
+    assert best_alphas(profile, tmp_path) == {"asgd": 0.005, "adacomp:c=0.01": 0.02, "comp_c:c=0.01": 0.02}
+    assert with_alpha("adacomp:c=0.01", 0.02) == "adacomp:c=0.01:training.learning_rate=0.02"
+    assert best_alphas(PROFILES["smoke"], tmp_path) == {}  # no grid in the profile: the paper's alpha only

@@ -30,7 +30,7 @@ def write_results(out: Path, meta: dict, sections: list[Section]) -> Path:
                   *(f"- {f}" for f in failures), ""]
     lines += [f"Profile `{meta['profile']}`, backend `{meta['backend']}`, {meta['when']}, {meta['seconds']:.0f} s in all.",
               f"Dataset: **{meta['dataset']}** ({meta['dataset_source']}). Model: the paper's CNN (421,642 parameters "
-              "on 28x28 images), batch 10, alpha 0.1 (and ASGD also at 0.05: see below).", "",
+              "on 28x28 images), batch 10, alpha 0.1; a method at another step size names it (`training.learning_rate=...`).", "",
               f"Reproduce with {MAKE_TARGETS.get(meta['profile'], '')}`python -m emulator.experiments.paper --profile {meta['profile']} "
               f"--backend {meta['backend']}`; each experiment's own command is below.", ""]
     for section in sections:
