@@ -54,13 +54,16 @@ def main(argv=None) -> int:
     for name, experiment in EXPERIMENTS.items():
         if args.only and name not in args.only:
             continue
+        began = time.monotonic()
         try:
-            sections.append(experiment(profile, out, backend, dataset, say))
+            section = experiment(profile, out, backend, dataset, say)
         except Exception as exc:  # noqa: BLE001 - a failed experiment is a marked section, and exit 1
             cause = (str(exc).strip().splitlines() or [""])[0]
             say(f"{name}: experiment failed: {type(exc).__name__}: {cause}")
-            sections.append(Section(name, [f"**FAILED**: {type(exc).__name__}: {cause}"], [], "-",
-                                    [f"{name}: the experiment failed: {type(exc).__name__}: {cause}"]))
+            section = Section(name, [f"**FAILED**: {type(exc).__name__}: {cause}"], [], "-",
+                              [f"{name}: the experiment failed: {type(exc).__name__}: {cause}"])
+        section.seconds = time.monotonic() - began
+        sections.append(section)
     meta = {"profile": args.profile, "backend": backend, "dataset": dataset, "dataset_source": source,
             "when": time.strftime("%Y-%m-%d %H:%M"), "seconds": time.monotonic() - started}
     path = write_results(out, meta, sections)

@@ -18,6 +18,7 @@ class Section:
     images: list[str]
     command: str
     failures: list[str] = field(default_factory=list)
+    seconds: float | None = None  # wall time of this invocation (runs reused from an earlier one cost ~0)
 
 
 def write_results(out: Path, meta: dict, sections: list[Section]) -> Path:
@@ -34,7 +35,8 @@ def write_results(out: Path, meta: dict, sections: list[Section]) -> Path:
               f"Reproduce with {MAKE_TARGETS.get(meta['profile'], '')}`python -m emulator.experiments.paper --profile {meta['profile']} "
               f"--backend {meta['backend']}`; each experiment's own command is below.", ""]
     for section in sections:
-        lines += [f"## {section.title}", "", f"Command: `{section.command}`", "", *section.body, ""]
+        took = "" if section.seconds is None else f" Wall time this invocation: {section.seconds:,.0f} s."
+        lines += [f"## {section.title}", "", f"Command: `{section.command}`.{took}", "", *section.body, ""]
         lines += [f"![{name}]({name})" for name in section.images] + [""]
     path = out / "results.md"
     path.write_text("\n".join(lines) + "\n")
