@@ -84,7 +84,7 @@ PROFILES = {
         # The paper's alpha 0.1 for every method; the alpha grid adds each one at its own best alpha.
         methods=("asgd", "staleness_asgd", "comp_c:c=0.01", "adacomp:c=0.01", "adacomp:c=0.001"),
         methods_overrides=PAPER_DEVICES + ("training.max_updates=20000", "training.eval_every=2000 updates"),
-        alpha_methods=("asgd", "comp_c:c=0.01", "adacomp:c=0.01", "adacomp:c=0.001"), alpha_grid=(0.1, 0.02, 0.005),
+        alpha_methods=("asgd", "comp_c:c=0.01", "adacomp:c=0.01", "adacomp:c=0.001"), alpha_grid=(0.1, 0.02, 0.005, 0.001),
         alpha_overrides=PAPER_DEVICES + ("training.max_updates=2000", "training.eval_every=1000 updates"),
         repeat=3, sweep_repeat=3,
         ingress_workers=(4, 16, 64), ingress_overrides=("training.duration=60s",),
