@@ -20,7 +20,7 @@ help:
 	@echo "make demo       set up everything (as root: Docker too) and run $(SCENARIO) (Docker when possible, else local)"
 	@echo "make test       the whole test suite (unit, slow training runs, Docker)"
 	@echo "make test-fast  unit tests only (under a minute)"
-	@echo "make figures    the paper's experiments (as root: installs Docker, Fashion-MNIST), figures/*.png and figures/results.md (FAST=1: minutes; PROFILE=paper: the paper's regime, hours)"
+	@echo "make figures    the paper's experiments (as root: installs Docker, Fashion-MNIST), figures/*.png and figures/results.md (FAST=1: minutes; PROFILE=paper: the paper's regime, hours; ONLY="methods staleness": some experiments)"
 	@echo "make bench      the benchmark suite (as root: installs Docker, Fashion-MNIST), .bench/results.json and .bench/results.md (QUICK=1)"
 	@echo "make profile    where a run's CPU goes: py-spy (pip, into .venv) over $(SCENARIO) on the local backend, .bench/profile.svg"
 	@echo "make clean      remove what killed runs left (emulate clean: live runs stay), and runs/, figures/, .bench/"
@@ -54,7 +54,7 @@ test-fast: setup
 figures: setup
 	$(call need,docker dataset-fashion-mnist)
 	@$(ENGINE)
-	$(BIN)/python -m emulator.experiments.paper --profile $(FIGURES_PROFILE) --backend $(BACKEND) --out figures
+	$(BIN)/python -m emulator.experiments.paper --profile $(FIGURES_PROFILE) --backend $(BACKEND) --out figures $(if $(ONLY),--only $(ONLY))
 
 bench: setup
 	$(call need,docker dataset-fashion-mnist)
