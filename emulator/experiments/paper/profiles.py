@@ -94,7 +94,7 @@ PROFILES = {
         crash_rates=("0", "60", "240"), crash_overrides=("training.duration=120s", "workers[0].count=16"),
         # The same 1.28 cores of devices at every worker count (1.28 / n each), so only staleness changes.
         staleness_workers=(4, 16, 64), staleness_total_cpus=1.28,
-        staleness_overrides=("training.max_updates=5000", "training.eval_every=1000 updates", "training.learning_rate=0.02"),
+        staleness_overrides=("training.max_updates=2000", "training.eval_every=500 updates", "training.learning_rate=0.02"),
         staleness_repeat=3,
         two_way_workers=(8, 32), two_way_overrides=("training.duration=120s", "training.eval_every=20s", "workers[0].cpus=0.04"),
     ),
