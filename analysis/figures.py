@@ -115,6 +115,9 @@ def _accuracy(curves, x: str, title: str, xlabel: str, log_x: bool = False) -> F
     ax.set_ylim(0, 1)
     if log_x:
         _log_bytes(ax.xaxis, ax.set_xscale)
+    else:  # at most six ticks, with thousands separators: 20,000 updates stay legible
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, pos: f"{v:,.0f}"))
     _legend(ax, len(drawn))
     return fig
 
