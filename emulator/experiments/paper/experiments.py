@@ -41,12 +41,16 @@ def best_alphas(profile: Profile, out: Path) -> dict[str, float]:
     path = out / "runs" / "alphas" / "compare.json"
     if not profile.alpha_grid or not path.exists():
         return {}
-    rows = {r["method"]: r for r in json.loads(path.read_text())["methods"]}
+    return _choose_alphas(profile, {r["method"]: r for r in json.loads(path.read_text())["methods"]}, path.parent)
+
+
+def _choose_alphas(profile: Profile, rows: dict[str, dict], directory: Path) -> dict[str, float]:
+    """:func:`best_alphas` over the grid's rows (by method spec), read once by the caller."""
     best: dict[str, float] = {}
     for method in profile.alpha_methods:
         scored = [(row["final_accuracy"], alpha) for alpha in profile.alpha_grid
                   if (row := rows.get(with_alpha(method, alpha))) and row.get("final_accuracy") is not None and not flag(row)
-                  and run_failure(path.parent / row["run_id"]) is None]
+                  and run_failure(directory / row["run_id"]) is None]
         if scored:
             best[method] = max(scored)[1]
     return best
@@ -61,7 +65,7 @@ def alphas_experiment(profile: Profile, out: Path, backend: str, dataset: str, s
     result = run_comparison("alphas", specs, profile.overrides("alpha", dataset), 1, out, backend, say)
     directory = Path(result["directory"])
     rows = {r["method"]: r for r in result["table"]["methods"]}
-    best = best_alphas(profile, out)
+    best = _choose_alphas(profile, rows, directory)
     lines = ["| method | " + " | ".join(f"alpha {a:g}" for a in profile.alpha_grid) + " | chosen |",
              "|---|" + "---:|" * len(profile.alpha_grid) + "---|"]
     failures = []

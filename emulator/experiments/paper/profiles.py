@@ -79,7 +79,7 @@ PROFILES = {
         two_way_overrides=("training.max_updates=300", "training.eval_every=100 updates", "workers[0].cpus=0.1"), two_way_repeat=2,
     ),
     # The paper's regime as far as 2 cores allow (docs/REPRODUCTION.md says what bounds each number):
-    # 64 devices, 20,000 server updates, five paired repetitions, the whole test set.
+    # 64 devices, 20,000 server updates, three paired repetitions (five do not fit), the whole test set.
     "paper": Profile(
         # The paper's alpha 0.1 for every method; the alpha grid adds each one at its own best alpha.
         methods=("asgd", "staleness_asgd", "comp_c:c=0.01", "adacomp:c=0.01", "adacomp:c=0.001"),
