@@ -312,6 +312,14 @@ def images_status():
     click.echo(json.dumps(image_lib.image_status(_docker_client()), indent=1))
 
 
+@images.command("remove")
+def images_remove():
+    """Remove every image this project built (runtime images of any code, the build stage, the
+    base), to reclaim the disk; the next Docker run builds them again. Images in use stay."""
+    for ref in image_lib.remove_images(_docker_client()):
+        click.echo(ref)
+
+
 @images.command("push")
 @click.argument("registry")
 def images_push(registry):

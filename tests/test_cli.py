@@ -297,7 +297,8 @@ def test_report_of_a_directory_that_holds_no_run(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no empty report/ left behind
 
 
-@pytest.mark.parametrize("command", [["images", "status"], ["images", "build"], ["images", "push", "localhost:5000"]])
+@pytest.mark.parametrize("command", [["images", "status"], ["images", "build"], ["images", "remove"],
+                                     ["images", "push", "localhost:5000"]])
 def test_images_without_a_docker_daemon(tmp_path, command):
     result = CliRunner().invoke(main, command, env={"DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"})
     assert error_line(result).startswith("error: no Docker daemon answers (")

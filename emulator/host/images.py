@@ -507,11 +507,20 @@ def ensure_runtime_image(client=None, *, force: bool = False, progress: Progress
     return tag
 
 
+# Runtime images of other code kept at each build: another checkout on the same daemon (a clone
+# for CI, a second branch) has its own code hash, and untagging its image at every build here
+# made the two rebuild each other's in turn. Each costs only its code layer (under 1 MB).
+KEEP_OTHER_RUNTIMES = 3
+
+
 def _remove_older_runtimes(client, keep: str, progress: Progress) -> None:
-    """Untag runtime images of older code (they differ only in the code layer); skip those in use."""
-    for image in client.images.list(name=RUNTIME_REPO, filters={"label": f"{LABEL}=1"}):
+    """Untag the runtime images of other code but the newest few; skip those in use."""
+    others = [image for image in client.images.list(name=RUNTIME_REPO, filters={"label": f"{LABEL}=1"})
+              if keep not in image.tags]
+    others.sort(key=lambda image: image.attrs.get("Created", ""), reverse=True)
+    for image in others[KEEP_OTHER_RUNTIMES:]:
         for ref in image.tags:
-            if ref.startswith(RUNTIME_REPO + ":") and ref != keep:
+            if ref.startswith(RUNTIME_REPO + ":"):
                 try:
                     client.images.remove(ref)
                 except Exception:  # noqa: BLE001 - in use by a container: keep it

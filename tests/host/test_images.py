@@ -231,9 +231,10 @@ def test_failed_build_raises_with_the_log_tail(client, tmp_path):
 
 
 class _FakeImage:
-    def __init__(self, ident, tags, role):
+    def __init__(self, ident, tags, role, created=""):
         self.id, self.tags, self.short_id = ident, tags, "short-" + ident[7:]
         self.labels = {"edge-emulator": "1", "edge-emulator.role": role}
+        self.attrs = {"Created": created}
 
 
 class _FakeImages:
@@ -368,17 +369,16 @@ def test_failed_debootstrap_removes_its_tree(monkeypatch, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fake-debootstrap", "target.log"]
 
 
-def test_a_new_build_untags_older_runtime_images_but_not_busy_ones():
+def test_a_new_build_keeps_the_newest_other_runtime_images_and_untags_the_rest_but_not_busy_ones():
     pytest.importorskip("docker")
-    fake = _FakeImages(
-        [
-            _FakeImage("sha256:new", ["edge-emulator/runtime:222222222222"], "runtime"),
-            _FakeImage("sha256:old", ["edge-emulator/runtime:111111111111"], "runtime"),
-            _FakeImage("sha256:busy", ["edge-emulator/runtime:000000000000"], "runtime"),
-        ],
-        fail={"edge-emulator/runtime:000000000000"},
-    )
+    keep = images.KEEP_OTHER_RUNTIMES
+    others = [_FakeImage(f"sha256:o{i}", [f"edge-emulator/runtime:{i:012d}"], "runtime", created=f"2026-12-{20 - i:02d}")
+              for i in range(keep + 2)]  # o0 newest
+    fake = _FakeImages([_FakeImage("sha256:new", ["edge-emulator/runtime:ffffffffffff"], "runtime", created="2026-12-01"),
+                        *reversed(others)], fail={f"edge-emulator/runtime:{keep + 1:012d}"})
     said = []
-    images._remove_older_runtimes(_FakeClient(fake), keep="edge-emulator/runtime:222222222222", progress=said.append)
-    assert fake.removed == ["edge-emulator/runtime:111111111111"]
-    assert len(said) == 1 and "111111111111" in said[0]
+    images._remove_older_runtimes(_FakeClient(fake), keep="edge-emulator/runtime:ffffffffffff", progress=said.append)
+    # The current image stays whatever its date; of the others the newest KEEP_OTHER_RUNTIMES stay
+    # (another checkout's), the next is untagged, and the oldest is in use by a container.
+    assert fake.removed == [f"edge-emulator/runtime:{keep:012d}"]
+    assert len(said) == 1 and f"{keep:012d}" in said[0]
