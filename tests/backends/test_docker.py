@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, SCENARIOS, TEST_SCENARIOS, read_json, read_jsonl, run_scenario
+from fault_checks import assert_hardened, assert_scheduled_faults
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 LABEL = "edge-emulator"
@@ -91,28 +92,10 @@ def test_faults_are_applied_and_recorded_and_containers_are_hardened(docker_clie
     finally:
         stop.set()
         watcher.join()
-    assert summary["status"] == "completed"
-    assert summary["faults"] == {"crash": 1, "restart": 1, "pause": 1, "resume": 1, "cpus": 2, "partition": 1, "heal": 1}
-    events = read_jsonl(run / "events.jsonl")
-    started = summary["training_started_ts"]
-    crash = next(e for e in events if e.get("kind") == "fault" and e["action"] == "crash")
-    restart = next(e for e in events if e.get("kind") == "fault" and e["action"] == "restart")
-    assert crash["ts"] - started == pytest.approx(6.0, abs=1.5) and restart["ts"] - started == pytest.approx(12.0, abs=1.5)
-    updates = read_jsonl(run / "updates.jsonl")
-    paused = [u for u in updates if u["worker"] == 2 and started + 9 < u["ts"] < started + 12.5]
-    assert not paused, "a paused worker pushes nothing"
-
-    # Hardening, as the daemon reports it for a running worker container.
-    assert found, "no worker container was seen running"
+    assert_scheduled_faults(summary, run, restart_within_s=1.5)
+    assert_hardened(found)
     host = found["HostConfig"]
-    assert found["Config"]["User"] == "10001:10001"
-    assert host["ReadonlyRootfs"] is True
-    assert host["CapDrop"] == ["ALL"] or set(host["CapDrop"]) >= {"ALL"}
-    assert "no-new-privileges" in host["SecurityOpt"]
-    assert host["Memory"] > 0 and host["PidsLimit"] == 512
-    assert host["CpuPeriod"] == 100_000
-    assert found["_network"]["Internal"] is True
-    assert found["_network"]["IPAM"]["Config"][0]["Subnet"].startswith("198.1")
+    assert "no-new-privileges" in host["SecurityOpt"] and host["CpuPeriod"] == 100_000
     assert labelled(docker_client, run) == ([], [])  # after a pause, a partition and CPU changes too
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, SCENARIOS, TEST_SCENARIOS, read_json, read_jsonl, run_scenario
+from fault_checks import assert_hardened, assert_scheduled_faults
 
 LABEL = "edge-emulator"
 SWARM_POOL = "198.19.0.0/16"  # inside 198.18.0.0/15, apart from the runs' own subnets at its start
@@ -295,26 +296,11 @@ def test_faults_on_swarm_tasks_are_applied_and_recorded(swarm, runtime_image, tm
     finally:
         stop.set()
         watcher.join()
-    assert summary["status"] == "completed"
-    assert summary["faults"] == {"crash": 1, "restart": 1, "pause": 1, "resume": 1, "cpus": 2, "partition": 1, "heal": 1}
-    events = read_jsonl(run / "events.jsonl")
-    started = summary["training_started_ts"]
-    crash = next(e for e in events if e.get("kind") == "fault" and e["action"] == "crash")
-    restart = next(e for e in events if e.get("kind") == "fault" and e["action"] == "restart")
     # A kill goes through the node's agent; a restart is a new task (a forced service update).
-    assert crash["ts"] - started == pytest.approx(6.0, abs=1.5) and restart["ts"] - started == pytest.approx(12.0, abs=3.0)
-    updates = read_jsonl(run / "updates.jsonl")
-    assert not [u for u in updates if u["worker"] == 2 and started + 9 < u["ts"] < started + 12.5], "a paused worker pushes nothing"
-    assert not [u for u in updates if u["worker"] == 0 and started + 16 < u["ts"] < started + 19.5], "a partitioned worker pushes nothing"
-
-    assert found, "no worker container was seen running"
-    host = found["HostConfig"]
-    assert found["Config"]["User"] == "10001:10001" and host["ReadonlyRootfs"] is True
-    assert host["CapDrop"] == ["ALL"] or set(host["CapDrop"]) >= {"ALL"}
-    assert host["Memory"] > 0 and host["PidsLimit"] == 512 and not host.get("NanoCpus")
-    network = found["_network"]
-    assert network["Driver"] == "overlay" and network["Internal"] is True and network["Attachable"] is True
-    assert network["IPAM"]["Config"][0]["Subnet"].startswith("198.1")
+    assert_scheduled_faults(summary, run, restart_within_s=3.0)
+    assert_hardened(found)
+    assert not found["HostConfig"].get("NanoCpus")
+    assert found["_network"]["Driver"] == "overlay" and found["_network"]["Attachable"] is True
     assert labelled(swarm, run) == ([], [], []) and not node_files(run)  # after a pause, a partition and CPU changes too
 
 
