@@ -5,7 +5,6 @@ run) is checked on this one by tests/backends/test_contract.py; here, what is Do
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
