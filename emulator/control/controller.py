@@ -199,7 +199,7 @@ class Emulation:
 
     def _probe_links(self) -> None:
         workers = list(self.plan.workers)
-        self._probe([workers[i:i + PROBE_BATCH] for i in range(0, len(workers), PROBE_BATCH)],
+        self._probe(fidelity.link_probe_batches(workers, self.plan.server, PROBE_BATCH),
                     lambda d: fidelity.probe_request(d, self.plan.server, 0.0), "rtt_s", 120.0)
 
     def _check_fidelity(self, started: float) -> None:
