@@ -316,8 +316,11 @@ def images_status():
 def images_remove():
     """Remove every image this project built (runtime images of any code, the build stage, the
     base), to reclaim the disk; the next Docker run builds them again. Images in use stay."""
-    for ref in image_lib.remove_images(_docker_client()):
+    removed, kept = image_lib.remove_images(_docker_client())
+    for ref in removed:
         click.echo(ref)
+    if kept:
+        _fail(f"still there (in use by a container, or the daemon refused): {', '.join(kept)}", EXIT_FAILED)
 
 
 @images.command("push")

@@ -553,28 +553,28 @@ def image_status(client=None) -> dict:
             "wheels_cached": wheels_cached}
 
 
-def remove_images(client=None) -> list[str]:
+def remove_images(client=None) -> tuple[list[str], list[str]]:
     """Remove every image labelled edge-emulator=1 (runtime images, the builder stage left by
-    the build, the debootstrap base); return the references removed. A pulled python:3.11-slim
-    is not ours and stays. Images used by a running container are skipped."""
+    the build, the debootstrap base). Returns (the references removed, those still there), as
+    the daemon lists them afterwards: once, removals answered without error left two images in
+    place. A pulled python:3.11-slim is not ours and stays; images in use stay too."""
     from docker.errors import APIError, ImageNotFound
 
     client = _client(client)
     order = {"runtime": 0, "base": 2}
     images = client.images.list(filters={"label": f"{LABEL}=1"})
     images.sort(key=lambda image: order.get((image.labels or {}).get(ROLE_LABEL, ""), 1))
-    removed: list[str] = []
     for image in images:
-        refs = image.tags or [image.short_id]
         try:
             client.images.remove(image.id, force=True)
-        except ImageNotFound:
+        except (ImageNotFound, APIError):
             continue
-        except APIError:
-            continue
-        removed.extend(refs)
     try:
         client.images.prune(filters={"label": f"{LABEL}=1", "dangling": True})
     except APIError:
         pass
-    return removed
+    left = {image.id for image in client.images.list(filters={"label": f"{LABEL}=1"})}
+    removed, kept = [], []
+    for image in images:
+        (kept if image.id in left else removed).extend(image.tags or [image.short_id])
+    return removed, kept

@@ -238,19 +238,20 @@ class _FakeImage:
 
 
 class _FakeImages:
-    def __init__(self, images_, fail=()):
-        self._images, self._fail, self.removed = images_, set(fail), []
+    def __init__(self, images_, fail=(), ignore=()):
+        self._images, self._fail, self._ignore, self.removed = images_, set(fail), set(ignore), []
 
     def list(self, filters=None, **kwargs):
         assert filters == {"label": "edge-emulator=1"}
-        return list(self._images)
+        return [image for image in self._images if image.id not in self.removed]
 
     def remove(self, ident, force=False):
         from docker.errors import APIError
 
         if ident in self._fail:
             raise APIError("in use by a running container")
-        self.removed.append(ident)
+        if ident not in self._ignore:  # ignored: answered without error, and still there
+            self.removed.append(ident)
 
     def prune(self, filters=None):
         return {}
@@ -261,7 +262,7 @@ class _FakeClient:
         self.images = images_
 
 
-def test_remove_images_removes_children_before_the_base_and_skips_busy_ones():
+def test_remove_images_removes_children_before_the_base_and_says_which_stayed():
     pytest.importorskip("docker")
     fake = _FakeImages(
         [
@@ -269,14 +270,16 @@ def test_remove_images_removes_children_before_the_base_and_skips_busy_ones():
             _FakeImage("sha256:builder", [], "builder"),
             _FakeImage("sha256:busy", ["edge-emulator/runtime:111111111111"], "runtime"),
             _FakeImage("sha256:rt", ["edge-emulator/runtime:222222222222"], "runtime"),
+            _FakeImage("sha256:quiet", ["edge-emulator/runtime:333333333333"], "runtime"),
         ],
         fail={"sha256:busy"},
+        ignore={"sha256:quiet"},
     )
-    removed = images.remove_images(_FakeClient(fake))
+    removed, kept = images.remove_images(_FakeClient(fake))
     assert fake.removed == ["sha256:rt", "sha256:builder", "sha256:base"]
-    assert removed == [
-        "edge-emulator/runtime:222222222222", "short-builder", "edge-emulator/base:bookworm"
-    ]
+    assert removed == ["edge-emulator/runtime:222222222222", "short-builder", "edge-emulator/base:bookworm"]
+    # In use, or answered without error yet still listed: reported as still there, not as removed.
+    assert sorted(kept) == ["edge-emulator/runtime:111111111111", "edge-emulator/runtime:333333333333"]
 
 
 # --------------------------------------------------------------------------- base and wheels, faked
