@@ -205,18 +205,7 @@ class Emulation:
     def _check_fidelity(self, started: float) -> None:
         """Measure every worker's CPU share under its quota, read back every quota, and compare
         them and the link probes' results with the plan."""
-        workers = list(self.plan.workers)
-        budget = max(0.5, 0.75 * (os.cpu_count() or 1))
-        cpu_batches, batch, load = [], [], 0.0
-        for device in workers:
-            share = min(device.cpus, 1.0)
-            if batch and load + share > budget:
-                cpu_batches.append(batch)
-                batch, load = [], 0.0
-            batch.append(device)
-            load += share
-        if batch:
-            cpu_batches.append(batch)
+        cpu_batches = fidelity.cpu_probe_batches(list(self.plan.workers), max(0.5, 0.75 * (os.cpu_count() or 1)))
         self._probe(cpu_batches, lambda d: {"cmd": "probe", "cpu_s": 1.0}, "cpu_share", 30.0)
         quotas = {d.name: self.backend.cpu_quota(d) for d in self.plan.devices}
         with self.state.lock:

@@ -85,6 +85,32 @@ def describe(report: dict) -> list[str]:
     return lines
 
 
+def _batches(devices: list[DevicePlan], limits, most: int | None = None) -> list[list[DevicePlan]]:
+    """``devices`` in order, cut into batches: a new one when the next device would take some
+    ``(cost, budget)`` of ``limits`` past its budget (None: no budget), or the batch holds ``most``."""
+    batches: list[list[DevicePlan]] = []
+    batch: list[DevicePlan] = []
+    used = [0.0] * len(limits)
+    for device in devices:
+        costs = [cost(device) for cost, _ in limits]
+        full = (most is not None and len(batch) >= most) or any(
+            budget is not None and total + c > budget for (_, budget), total, c in zip(limits, used, costs))
+        if batch and full:
+            batches.append(batch)
+            batch, used = [], [0.0] * len(limits)
+        batch.append(device)
+        used = [total + c for total, c in zip(used, costs)]
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def cpu_probe_batches(workers: list[DevicePlan], cores: float) -> list[list[DevicePlan]]:
+    """Workers whose CPU shares are measured at once: their shares add up to at most ``cores``,
+    so each busy loop can get its quota."""
+    return _batches(workers, [(lambda d: min(d.cpus, 1.0), cores)])
+
+
 def link_probe_batches(workers: list[DevicePlan], server: DevicePlan, most: int) -> list[list[DevicePlan]]:
     """Workers to probe at once, at most ``most`` a batch and no more than the server's own link
     takes in each direction: each probe is judged against its own link (or the server's, when
@@ -92,21 +118,10 @@ def link_probe_batches(workers: list[DevicePlan], server: DevicePlan, most: int)
     (64 devices of 20 Mbit/s against a 200 Mbit/s server: 415 false "uplink" failures in 18 runs,
     down to -41 %, and the server's crowded ingress slowed the downlink probes' ACKs too)."""
     room_up, room_down = server.link.downlink_bps, server.link.uplink_bps
-    batches: list[list[DevicePlan]] = []
-    batch: list[DevicePlan] = []
-    up = down = 0.0
-    for device in workers:
-        rate_up = _expected_rate(device.link.uplink_bps, room_up) or 0.0
-        rate_down = _expected_rate(device.link.downlink_bps, room_down) or 0.0
-        full = len(batch) >= most or (room_up and up + rate_up > room_up * 1.001) or (room_down and down + rate_down > room_down * 1.001)
-        if batch and full:
-            batches.append(batch)
-            batch, up, down = [], 0.0, 0.0
-        batch.append(device)
-        up, down = up + rate_up, down + rate_down
-    if batch:
-        batches.append(batch)
-    return batches
+    return _batches(workers, [
+        (lambda d: _expected_rate(d.link.uplink_bps, room_up) or 0.0, room_up * 1.001 if room_up else None),
+        (lambda d: _expected_rate(d.link.downlink_bps, room_down) or 0.0, room_down * 1.001 if room_down else None),
+    ], most)
 
 
 def probe_request(device: DevicePlan, server: DevicePlan, cpu_seconds: float) -> dict:

@@ -3,13 +3,10 @@ or every probe measures its share of the server's link and is flagged as a slow 
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from emulator.control.fidelity import link_probe_batches
+from conftest import ROOT
+from emulator.control.fidelity import cpu_probe_batches, link_probe_batches
 from emulator.planning.loader import load_scenario
 from emulator.planning.plan import make_plan
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _plan(*overrides: str):
@@ -36,3 +33,11 @@ def test_the_servers_uplink_bounds_the_downlink_probes_and_unshaped_servers_only
 def test_a_device_faster_than_the_server_is_probed_alone_at_the_servers_rate():
     plan = _plan("workers[0].count=3", "workers[0].uplink=1gbit")
     assert [len(b) for b in link_probe_batches(list(plan.workers), plan.server, most=16)] == [1, 1, 1]
+
+
+def test_cpu_shares_measured_at_once_fit_the_cores_given():
+    # 0.3 core each on 1.5 cores: five at a time.
+    plan = _plan("workers[0].count=12", "workers[0].cpus=0.3")
+    assert [len(b) for b in cpu_probe_batches(list(plan.workers), 1.5)] == [5, 5, 2]
+    plan = _plan("workers[0].count=3", "workers[0].cpus=4")  # more than a core each counts as one
+    assert [len(b) for b in cpu_probe_batches(list(plan.workers), 1.5)] == [1, 1, 1]
