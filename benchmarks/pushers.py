@@ -26,11 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 class ServerProcess:
     """``with ServerProcess(layout, rule) as ps:`` a parameter server listening on ``ps.address``."""
 
-    def __init__(self, layout, rule: str, *, learning_rate: float = 0.01, max_updates: int | None = None):
+    def __init__(self, layout, rule: str, *, learning_rate: float = 0.01, max_updates: int | None = None,
+                 compiled: bool = True):
         self.layout = layout
         self.rule = rule
         self.learning_rate = learning_rate
         self.max_updates = max_updates
+        self.compiled = compiled  # False: the server's hot path runs numpy (EMULATE_COMPILED=0)
         self.token = secrets.token_bytes(16)
         self.observers = []
 
@@ -48,8 +50,9 @@ class ServerProcess:
                            collector=tuple(self.collector.address), bind=self.address, layout=self.layout.to_json(),
                            rule=self.rule, learning_rate=self.learning_rate, max_updates=self.max_updates,
                            transport=LinkConfig(), checkpoint=None)
-        env = dict(os.environ, EMU_CONFIG=json.dumps(cfg.to_json()), PYTHONPATH=str(ROOT))
-        self.process = subprocess.Popen([sys.executable, "-m", "emulator.runtime.paramserver"], env=env, stderr=subprocess.DEVNULL)
+        env = dict(os.environ, EMU_CONFIG=json.dumps(cfg.to_json()), PYTHONPATH=str(ROOT),
+                   EMULATE_COMPILED="1" if self.compiled else "0")
+        self.process = subprocess.Popen([sys.executable, "-m", "emulator.runtime.paramserver"], env=env, stderr=None if os.environ.get("BENCH_SERVER_STDERR") else subprocess.DEVNULL)
         self.pid = self.process.pid
         return self
 

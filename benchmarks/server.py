@@ -16,6 +16,7 @@ AdaComp rule's apply cost at staleness 1, 100 and 10,000 (flat in d).
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import socket
 import statistics
@@ -140,18 +141,29 @@ def _drive(server_pid: int, target, client_args: list[tuple], seconds: float, be
     return results, cpu
 
 
-def ingest(messages: list[bytes], rule: str, pushers: int, seconds: float, pull: dict | None = None) -> dict:
-    with ServerProcess(cnn_layout(), rule) as server:
+def ingest(messages: list[bytes], rule: str, pushers: int, seconds: float, pull: dict | None = None,
+           compiled: bool = True) -> dict:
+    with ServerProcess(cnn_layout(), rule, compiled=compiled) as server:
         results, cpu = _drive(server.pid, _pusher_with_pull, [(server.address, server.token, i, messages, seconds, None, pull)
                                                    for i in range(pushers)],
                               seconds, before_start=server.start_training)
+        loops = _server_loops(server)
     total = sum(r["answered"] for r in results)
     pushed, replies = sum(r["push_bytes"] for r in results), sum(r["reply_bytes"] for r in results)
     errors = [e for r in results for e in r["errors"]]
-    return {"pushers": pushers, "pull": (pull or {}).get("mode", "dense"), "updates": total, "updates_per_s": total / seconds,
+    return {"pushers": pushers, "pull": (pull or {}).get("mode", "dense"), "loops": loops, "updates": total, "updates_per_s": total / seconds,
             "ingest_bytes_per_s": pushed / seconds, "request_bytes": pushed / max(1, total), "reply_bytes": replies / max(1, total),
             "server_cpu_share": cpu / seconds, "server_cpu_ms_per_update": 1000 * cpu / max(1, total),
             **({"errors": errors[:5]} if errors else {})}
+
+
+def _server_loops(server: ServerProcess) -> str:
+    """What the server's hot path ran: its ``listening`` event's ``kernels`` ("numba x.y" or why numpy)."""
+    for line in (server.rundir.path / "events.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        if event.get("kind") == "listening":
+            return event.get("kernels", "?")
+    return "?"
 
 
 def _pusher_with_pull(address, token, worker, messages, seconds, ready, pull, start_evt, result_q):
@@ -180,9 +192,10 @@ def adacomp_apply_vs_staleness(parts, layout, staleness_values=(1, 100, 10_000))
 
 
 POOL = 256  # AdaComp updates along the trajectory
-CASES = (  # (label, rule, pull): every push kind with every pull kind
-    ("dense", "plain", None), ("dense", "plain", {"mode": "delta"}),
-    ("adacomp", "adacomp", None), ("adacomp", "adacomp", {"mode": "delta"}),
+CASES = (  # (label, rule, pull, compiled): every push kind with every pull kind; AdaComp + delta also on numpy alone
+    ("dense", "plain", None, True), ("dense", "plain", {"mode": "delta"}, True),
+    ("adacomp", "adacomp", None, True), ("adacomp", "adacomp", {"mode": "delta"}, True),
+    ("adacomp", "adacomp", {"mode": "delta"}, False),
 )
 
 
@@ -238,8 +251,8 @@ def run(quick: bool = False) -> dict:
         # Loopback throughput moves by 2x between minutes on this shared machine: it is measured
         # beside every group of rows and the shares use the median of all the samples.
         out["raw_loopback_samples"].append(raw_loopback_bytes_per_s(2.0 if quick else 3.0))
-        for label, rule, pull in CASES:
-            row = ingest(pool if label == "adacomp" else [dense], rule, pushers, seconds, pull)
+        for label, rule, pull, compiled in CASES:
+            row = ingest(pool if label == "adacomp" else [dense], rule, pushers, seconds, pull, compiled)
             row["method"] = label
             floor = exchange_floor(round(row["request_bytes"]), round(row["reply_bytes"]), pushers, seconds)
             row["exchange_floor"] = floor
@@ -260,13 +273,13 @@ def markdown(result: dict) -> list[str]:
     lines = [f"Raw loopback TCP, one Python sender and receiver: **{raw / 1e6:,.0f} MB/s** (median of {samples} MB/s, "
              "one sample beside each group of rows). AdaComp pushes: " + result["update_pool"] + ". Exchange floor: "
              "the row's mean request and reply sizes between processes that do no other work.", "",
-             "| push | pull | pushers | updates/s | server CPU per update (ms) | reply (kB) | two-way per update (kB) | "
+             "| push | pull | server loops | pushers | updates/s | server CPU per update (ms) | reply (kB) | two-way per update (kB) | "
              "floor exchanges/s | share of the floor | floor CPU per exchange (ms) | server CPU (cores) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in result["ingest"]:
         floor = row["exchange_floor"]
         share = "-" if row["share_of_exchange_floor"] is None else f"{row['share_of_exchange_floor']:.1%}"
-        lines.append(f"| {row['method']} | {row['pull']} | {row['pushers']} | {row['updates_per_s']:,.0f} | "
+        lines.append(f"| {row['method']} | {row['pull']} | {row.get('loops', '?')} | {row['pushers']} | {row['updates_per_s']:,.0f} | "
                      f"{row['server_cpu_ms_per_update']:.2f} | {row['reply_bytes'] / 1e3:,.1f} | "
                      f"{(row['request_bytes'] + row['reply_bytes']) / 1e3:,.1f} | {floor['exchanges_per_s']:,.0f} | {share} | "
                      f"{floor['server_cpu_ms_per_exchange']:.2f} | {row['server_cpu_share']:.2f} |")

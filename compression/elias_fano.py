@@ -18,6 +18,8 @@ import math
 
 import numpy as np
 
+from compression import compiled
+
 
 class EliasFanoError(ValueError):
     """The block is not a valid encoding for the given ``n`` and ``k``."""
@@ -52,6 +54,9 @@ def encode(indices: np.ndarray, n: int) -> bytes:
     width, low_bytes, upper_bytes = _sizes(n, k)
     if k <= SMALL:
         return _encode_with_ints(x.tolist(), width, low_bytes, upper_bytes)
+    fast = compiled.kernels()
+    if fast is not None:
+        return fast.ef_encode(x, width, low_bytes, upper_bytes).tobytes()
     low = _pack_low(x & ((1 << width) - 1), width, low_bytes) if width else b""
     upper = np.zeros(upper_bytes * 8, dtype=np.uint8)
     upper[(x >> width) + np.arange(k, dtype=np.int64)] = 1
@@ -121,7 +126,12 @@ def decode(block: bytes | memoryview, n: int, k: int) -> np.ndarray:
     width, low_bytes, upper_bytes = _sizes(n, k)
     if len(block) != low_bytes + upper_bytes:
         raise EliasFanoError(f"block of {len(block)} bytes, expected {low_bytes + upper_bytes} for k={k}, n={n}")
-    if k <= SMALL:
+    fast = compiled.kernels()
+    if k > SMALL and fast is not None:
+        values = np.empty(k, np.int64)
+        if fast.ef_decode(np.frombuffer(block, dtype=np.uint8), width, low_bytes, k, n, values):
+            return values
+    if k <= SMALL:  # and a block the compiled decoder refused: the reason comes from here
         values = _decode_with_ints(bytes(block), k, width, low_bytes, upper_bytes)
     else:
         raw = np.frombuffer(block, dtype=np.uint8)

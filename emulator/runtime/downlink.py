@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import compression
-from compression import delta
+from compression import compiled, delta
 from compression.layout import Layout
 
 from emulator.runtime.config import PullConfig
@@ -57,6 +57,7 @@ class ChangeLog:
         self.recent: collections.deque[tuple[int, np.ndarray]] = collections.deque()  # (version, sorted flat int32 indices)
         self.recent_size = 0  # indices held, plus one per update
         self.rewritten = version  # the last update that wrote every coordinate (a dense one)
+        self._bitmap: np.ndarray | None = None
 
     def record(self, targets, version: int) -> None:
         """The update that made ``version`` wrote ``targets`` (slices or flat index arrays)."""
@@ -82,9 +83,21 @@ class ChangeLog:
             return None
         if version >= self.version:
             return np.zeros(0, np.int64)
+        fast = compiled.kernels()
         if self.recent and self.recent[0][0] <= version + 1:
-            return _union([written for v, written in self.recent if v > version])
+            arrays = [written for v, written in self.recent if v > version]
+            if fast is None or len(arrays) == 1:
+                return _union(arrays)
+            merged = np.concatenate(arrays)
+            out = np.empty(merged.size, np.int64)
+            return out[: fast.sorted_union(merged, self._words(), out)]
         return np.flatnonzero(self.changed_at > version)
+
+    def _words(self) -> np.ndarray:
+        """The compiled union's scratch bitmap (a bit per coordinate, zero between calls)."""
+        if self._bitmap is None:
+            self._bitmap = np.zeros(self.changed_at.size // 64 + 1, np.uint64)
+        return self._bitmap
 
 
 def _flat(targets, budget: int) -> np.ndarray | None:

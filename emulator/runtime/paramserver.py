@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 import compression
+from compression import compiled
 from compression.layout import Layout
 
 from emulator.runtime import checkpoint, downlink, probe, protocol, rules
@@ -95,6 +96,7 @@ class ParameterServer:
                 self.tel.event("restored", version=0, version_at_crash=at_crash, lost=at_crash)
             self.mark.set(self.version)
         self.changes = downlink.ChangeLog(self.layout.total, self.version)  # for delta pulls; starts at a restored version
+        self.kernels = compiled.describe()  # the hot path's loops: "numba x.y" or why numpy runs
         self.tel.on_control(self.control)
 
     # -- model access (all under self.cond) -----------------------------------------------
@@ -373,7 +375,8 @@ class ParameterServer:
     def serve(self) -> None:
         host, port = self.cfg.bind
         listener = socket.create_server((host, port), backlog=1024, reuse_port=False)
-        self.tel.event("listening", host=host, port=port, parameters=int(self.layout.total), rule=self.rule.name)
+        self.tel.event("listening", host=host, port=port, parameters=int(self.layout.total), rule=self.rule.name,
+                       kernels=self.kernels)
         threading.Thread(target=self.report_traffic, daemon=True, name="traffic").start()
         while True:
             sock, peer = listener.accept()
@@ -383,6 +386,7 @@ class ParameterServer:
 
 def main() -> None:
     cfg = load_config(ServerConfig)
+    compiled.enable()  # before telemetry connects: the controller may send "start" at once
     tel = start(cfg)
     try:
         ParameterServer(cfg, tel).serve()

@@ -1,0 +1,64 @@
+"""Compiled loops (numba) for the parameter server's hot path; the numpy code stays the reference.
+
+Why: at hundreds of updates per second the server's time goes to numpy's cost per call and to
+passes over whole arrays that one loop does at once: decoding a push's Elias-Fano blocks,
+finding the coordinates a delta pull must carry (the union of the latest updates' index sets),
+encoding the delta, and AdaComp's update. Each loop here returns exactly what the numpy code it
+replaces returns (the tests compare them bit for bit over random inputs); a block the compiled
+decoder finds malformed is handed back to the numpy decoder, which raises the error it always
+raised, so rejections keep their reasons.
+
+Off until a process turns it on with :func:`enable`: importing numba costs a process about
+180 MB, which the one parameter server can afford and a device cannot; workers stay on numpy.
+``EMULATE_COMPILED=0`` keeps the numpy code everywhere (for A/B measurements); without numba
+:func:`enable` says so and the numpy code runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+_kernels = None  # the compiled functions, once enable() succeeded
+_why_not = "not enabled"
+
+
+def enable() -> str:
+    """Compile (or load from numba's cache) the kernels for this process; returns what runs."""
+    global _kernels, _why_not
+    if _kernels is not None:
+        return describe()
+    if os.environ.get("EMULATE_COMPILED", "1") == "0":
+        _why_not = "numpy (EMULATE_COMPILED=0)"
+        return _why_not
+    try:
+        from compression import _numba_kernels as kernels
+    except ImportError as exc:
+        _why_not = f"numpy (numba unavailable: {exc})"
+        return _why_not
+    kernels.warm_up()
+    _kernels = kernels
+    return describe()
+
+
+def describe() -> str:
+    if _kernels is None:
+        return _why_not
+    import numba
+
+    return f"numba {numba.__version__}"
+
+
+def kernels():
+    """The compiled module, or None where the numpy code runs."""
+    return _kernels
+
+
+def disable() -> None:
+    """Back to numpy (tests compare both in one process)."""
+    global _kernels, _why_not
+    _kernels, _why_not = None, "not enabled"
+
+
+__all__ = ["describe", "disable", "enable", "kernels"]
