@@ -52,7 +52,7 @@ class ServerProcess:
                            transport=LinkConfig(), checkpoint=None)
         env = dict(os.environ, EMU_CONFIG=json.dumps(cfg.to_json()), PYTHONPATH=str(ROOT),
                    EMULATE_COMPILED="1" if self.compiled else "0")
-        self.process = subprocess.Popen([sys.executable, "-m", "emulator.runtime.paramserver"], env=env, stderr=None if os.environ.get("BENCH_SERVER_STDERR") else subprocess.DEVNULL)
+        self.process = subprocess.Popen([sys.executable, "-m", "emulator.runtime.paramserver"], env=env, stderr=subprocess.DEVNULL)
         self.pid = self.process.pid
         return self
 

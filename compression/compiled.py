@@ -2,8 +2,9 @@
 
 Why: at hundreds of updates per second the server's time goes to numpy's cost per call and to
 passes over whole arrays that one loop does at once: decoding a push's Elias-Fano blocks,
-finding the coordinates a delta pull must carry (the union of the latest updates' index sets),
-encoding the delta, and AdaComp's update. Each loop here returns exactly what the numpy code it
+finding the coordinates a delta pull must carry (the union of the latest updates' index sets)
+and encoding the delta. (AdaComp's update and the rest of the codec's framing are still numpy:
+docs/PERFORMANCE.md.) Each loop here returns exactly what the numpy code it
 replaces returns (the tests compare them bit for bit over random inputs); a block the compiled
 decoder finds malformed is handed back to the numpy decoder, which raises the error it always
 raised, so rejections keep their reasons.

@@ -57,7 +57,7 @@ class ChangeLog:
         self.recent: collections.deque[tuple[int, np.ndarray]] = collections.deque()  # (version, sorted flat int32 indices)
         self.recent_size = 0  # indices held, plus one per update
         self.rewritten = version  # the last update that wrote every coordinate (a dense one)
-        self._bitmap: np.ndarray | None = None
+        self._words = np.zeros(total // 64 + 1, np.uint64)  # the compiled union's scratch bitmap, zero between calls
 
     def record(self, targets, version: int) -> None:
         """The update that made ``version`` wrote ``targets`` (slices or flat index arrays)."""
@@ -90,14 +90,8 @@ class ChangeLog:
                 return _union(arrays)
             merged = np.concatenate(arrays)
             out = np.empty(merged.size, np.int64)
-            return out[: fast.sorted_union(merged, self._words(), out)]
+            return out[: fast.sorted_union(merged, self._words, out)]
         return np.flatnonzero(self.changed_at > version)
-
-    def _words(self) -> np.ndarray:
-        """The compiled union's scratch bitmap (a bit per coordinate, zero between calls)."""
-        if self._bitmap is None:
-            self._bitmap = np.zeros(self.changed_at.size // 64 + 1, np.uint64)
-        return self._bitmap
 
 
 def _flat(targets, budget: int) -> np.ndarray | None:
