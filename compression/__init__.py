@@ -12,7 +12,7 @@ from compression import (  # noqa: F401  (importing a module registers its compr
     adaptive_residual, dense, dgc, fp16, powersgd, qsgd, randomk, signsgd, terngrad, threshold, topk,
 )
 from compression.base import COMPRESSORS, Compressor, NonFiniteGradient, Params, build, register
-from compression.codec import CodecError, decode, encode
+from compression.codec import CodecError, decode, decode_flat, encode
 from compression.layout import Layout, TensorSpec
 from compression.memory import ErrorFeedback
 from compression.parts import (
@@ -20,7 +20,7 @@ from compression.parts import (
 )
 
 __all__ = [
-    "COMPRESSORS", "Compressor", "NonFiniteGradient", "Params", "build", "register", "CodecError", "decode", "encode",
+    "COMPRESSORS", "Compressor", "NonFiniteGradient", "Params", "build", "register", "CodecError", "decode", "decode_flat", "encode",
     "Layout", "TensorSpec", "ErrorFeedback", "DensePart", "HalfPart", "LowRankPart", "Part", "QuantizedPart",
     "SignPart", "SparsePart", "SparseSignPart", "WireFormat",
 ]

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
+
+from compression import compiled
 from compression.layout import Layout
 from compression.parts import KNOWN_FLAGS, PART_KINDS, Part, PartError, WireFormat
 
@@ -73,6 +76,20 @@ def decode(message: bytes | memoryview, layout: Layout) -> list[Part]:
     if pos != len(view):
         raise CodecError("trailing", f"{len(view) - pos} bytes after the last part")
     return parts
+
+
+def decode_flat(message: bytes | memoryview, layout: Layout) -> tuple[np.ndarray, np.ndarray] | None:
+    """The compiled decoder's shortcut past :class:`Part` objects: the message's coordinates as
+    one ascending flat index array (int64, offsets added) and their float32 values, for the
+    messages top-k methods send (dense and sparse float32 parts, Elias-Fano indices, at most a
+    quarter of the model). None when the compiled loops are off, for any other message and for a
+    malformed one: :func:`decode` then decodes it, or says why not."""
+    fast = compiled.kernels()
+    if fast is None:
+        return None
+    offsets, sizes = layout.arrays
+    taken, indices, values = fast.decode_flat(np.frombuffer(message, np.uint8), offsets, sizes)
+    return (indices, values) if taken else None
 
 
 def round_trip(parts: list[Part], wire: WireFormat) -> list[Part]:

@@ -1,13 +1,15 @@
 """Compiled loops (numba) for the parameter server's hot path; the numpy code stays the reference.
 
 Why: at hundreds of updates per second the server's time goes to numpy's cost per call and to
-passes over whole arrays that one loop does at once: decoding a push's Elias-Fano blocks,
-finding the coordinates a delta pull must carry (the union of the latest updates' index sets)
-and encoding the delta. (AdaComp's update and the rest of the codec's framing are still numpy:
-docs/PERFORMANCE.md.) Each loop here returns exactly what the numpy code it
-replaces returns (the tests compare them bit for bit over random inputs); a block the compiled
-decoder finds malformed is handed back to the numpy decoder, which raises the error it always
-raised, so rejections keep their reasons.
+passes over whole arrays that one loop does at once. Compiled: a top-k push (dense and sparse
+float32 parts) decoded to one flat index array and applied by the rule in one loop each
+(:func:`compression.codec.decode_flat`, :meth:`~emulator.runtime.rules.UpdateRule.apply_flat`);
+the union of the latest updates' index sets behind a delta pull; a float32 delta read under the
+lock and encoded outside it in one loop each; AdaComp's touch counters copied at a pull only
+where the model changed since the worker's previous one; and Elias-Fano blocks wherever the
+codec meets them. Each loop returns exactly what the numpy code it replaces returns (the tests
+compare models, counters and bytes over random inputs); a message the compiled decoder does not
+take, malformed or of another kind, goes to the numpy decoder, so rejections keep their reasons.
 
 Off until a process turns it on with :func:`enable`: importing numba costs a process about
 180 MB, which the one parameter server can afford and a device cannot; workers stay on numpy.

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from functools import cached_property
 import math
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -36,6 +38,11 @@ class Layout:
             out.append(pos)
             pos += size
         return tuple(out)
+
+    @cached_property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(offsets, sizes)`` as int64 arrays, for compiled loops."""
+        return np.array(self.offsets, np.int64), np.array(self.sizes, np.int64)
 
     @cached_property
     def total(self) -> int:

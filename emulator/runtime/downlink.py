@@ -145,7 +145,9 @@ class Reply:
     base: int | None = None  # the version a delta starts from (WHOLE: every tensor whole); None: the raw model
     entries: int | None = None  # coordinates a delta carries
     selection: list | None = None  # a delta still to build: per tensor, local indices or None (whole)
-    values: list | None = None  # ... and the model's values there, read under the lock
+    values: list | np.ndarray | None = None  # ... and the model's values there, read under the lock
+    changed: np.ndarray | None = None  # a float32 delta the compiled loops build: its flat coordinates
+    since: tuple[int, np.ndarray] | None = None  # (v, every coordinate changed after v) where known
 
 
 def prepare(holding: Holding, params: np.ndarray, version: int, log: ChangeLog, layout: Layout, snapshot) -> Reply:
@@ -154,22 +156,38 @@ def prepare(holding: Holding, params: np.ndarray, version: int, log: ChangeLog, 
     the log can build on or the delta would be no smaller."""
     fmt = holding.fmt
     changed = log.since(holding.version)
+    since = None if changed is None else (holding.version, changed)  # for AdaComp's counters (rules.AdaComp.on_pull)
     if changed is not None:
+        fast = compiled.kernels()
+        if fast is not None and fmt.name == "f32":  # one loop reads the values and sizes the message
+            offsets, sizes = layout.arrays
+            size, values = fast.delta_take(changed, params, offsets, sizes)
+            if BASE.size + size < 4 * layout.total:
+                return Reply(version, base=holding.version, entries=int(changed.size), values=values, changed=changed,
+                             since=since)
+            return Reply(version, body=snapshot(), since=since)
         selection, size = delta.select(fmt, layout, changed)
         if BASE.size + size < 4 * layout.total:
             return Reply(version, base=holding.version, entries=int(changed.size), selection=selection,
-                         values=delta.take(params, layout, selection))
+                         values=delta.take(params, layout, selection), since=since)
+        if not fmt.whole_model:
+            return Reply(version, body=snapshot(), since=since)
     if fmt.whole_model:
         selection = delta.whole(layout)
         return Reply(version, base=WHOLE, entries=int(layout.total), selection=selection,
-                     values=delta.take(params, layout, selection))
-    return Reply(version, body=snapshot())
+                     values=delta.take(params, layout, selection), since=since)
+    return Reply(version, body=snapshot(), since=since)
 
 
 def finish(reply: Reply, holding: Holding, layout: Layout) -> Reply:
     """Outside the lock: encode a prepared delta; the holding now holds what the reply carries."""
     fmt = holding.fmt
-    if reply.selection is None:
+    if reply.changed is not None:
+        offsets, sizes = layout.arrays
+        body = compiled.kernels().delta_encode(reply.changed, reply.values, offsets, sizes, np.uint64(reply.base))
+        reply.body, reply.flags = memoryview(body), int(Flag.DELTA)
+        reply.changed = reply.values = None
+    elif reply.selection is None:
         if fmt.keeps_reference:
             holding.reference = np.frombuffer(reply.body, dtype="<f4").copy()
     else:

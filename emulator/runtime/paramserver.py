@@ -139,13 +139,15 @@ class ParameterServer:
         if flags & Flag.NON_FINITE:
             return Pushed(self.non_finite_report(worker, body, frame_bytes))
         start = time.perf_counter()
-        try:
-            parts = compression.decode(body, self.layout)
-        except compression.CodecError as exc:
-            self.reject(exc.reason, worker, str(exc))
-            if exc.reason == "non_finite":
-                self._diverging()
-            return Pushed(exc.reason)
+        flat = compression.decode_flat(body, self.layout)  # the compiled shortcut for top-k messages, else None
+        if flat is None:
+            try:
+                parts = compression.decode(body, self.layout)
+            except compression.CodecError as exc:
+                self.reject(exc.reason, worker, str(exc))
+                if exc.reason == "non_finite":
+                    self._diverging()
+                return Pushed(exc.reason)
         decoded = time.perf_counter()
         with self.cond:
             traffic = self._traffic[worker]
@@ -159,7 +161,10 @@ class ParameterServer:
                 self.reject("future_version", worker, f"t0={t0} > t={self.version}")
                 return Pushed("future_version")
             try:
-                applied = self.rule.apply(self.params, parts, worker, staleness)
+                if flat is None:
+                    applied = self.rule.apply(self.params, parts, worker, staleness)
+                else:
+                    applied = self.rule.apply_flat(self.params, *flat, worker, staleness)
             except rules.RuleError as exc:
                 self.reject(exc.reason, worker, str(exc))
                 if exc.reason == "overflow":
@@ -219,7 +224,7 @@ class ParameterServer:
                 reply = downlink.prepare(holding, self.params, self.version, self.changes, self.layout,
                                          lambda: self._model_bytes()[1])
             if worker != protocol.NO_WORKER:
-                self.rule.on_pull(worker)
+                self.rule.on_pull(worker, self.version, reply.since)
         if holding is not None:
             downlink.finish(reply, holding, self.layout)  # encoding outside the lock
         return reply, done

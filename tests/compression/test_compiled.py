@@ -5,8 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import compression
 from compression import compiled, elias_fano
-from emulator.runtime.downlink import ChangeLog, _union
+from compression.layout import Layout, TensorSpec
+from compression.parts import DensePart, SparsePart
+from emulator.runtime import downlink, rules
+from emulator.runtime.downlink import ChangeLog, Holding, _union
+from emulator.runtime.models import initial_parameters
+from emulator.runtime.protocol import Flag
 
 pytest.importorskip("numba")
 
@@ -109,3 +115,157 @@ def test_emulate_compiled_0_keeps_numpy(monkeypatch):
     assert compiled.enable() == "numpy (EMULATE_COMPILED=0)"
     assert compiled.kernels() is None
     compiled.disable()
+
+
+# -- the server's per-message loops ------------------------------------------------------------------
+
+LAYOUT = Layout((TensorSpec("kernel", (40, 30)), TensorSpec("bias", (12,)), TensorSpec("big", (5000,)), TensorSpec("out", (3,))))
+
+
+def _message(rng, density: float, dense_up_to: int = LAYOUT.total) -> bytes:
+    """A push as top-k methods send it: per tensor a sparse part, or (now and then, for tensors of
+    at most ``dense_up_to`` coordinates, and whenever all are kept) a dense one."""
+    parts = []
+    for n in LAYOUT.sizes:
+        k = int(rng.binomial(n, density))
+        if k == n or (n <= dense_up_to and rng.random() < 0.1):
+            parts.append(DensePart(rng.normal(size=n).astype(np.float32)))
+        else:
+            idx = np.sort(rng.choice(n, k, replace=False)).astype(np.int64)
+            parts.append(SparsePart(idx, rng.normal(size=k).astype(np.float32)))
+    return compression.encode(parts, LAYOUT)
+
+
+def _flat_coordinates(parts):
+    indices, values = [], []
+    for part, offset, n in zip(parts, LAYOUT.offsets, LAYOUT.sizes):
+        idx, vals = part.coordinates(n)
+        indices.append(np.arange(n) + offset if idx is None else idx + offset)
+        values.append(vals)
+    return np.concatenate(indices), np.concatenate(values)
+
+
+def test_the_flat_decoder_reads_what_the_codec_reads_and_leaves_it_every_doubtful_message():
+    rng = np.random.default_rng(5)
+    messages = [_message(rng, d) for d in (0.0, 0.001, 0.01, 0.2, 0.97) for _ in range(8)]
+    corrupted = []
+    for message in messages:
+        for _ in range(6):
+            damaged = bytearray(message)
+            damaged[int(rng.integers(len(damaged)))] ^= 1 << int(rng.integers(8))
+            corrupted.append(bytes(damaged))
+    corrupted += [m[:-1] for m in messages[:5]] + [m + b"\0" for m in messages[:5]]
+    corrupted.append(compression.encode([DensePart(np.full(n, np.nan, np.float32)) for n in LAYOUT.sizes], LAYOUT))
+    compiled.disable()
+    assert compression.decode_flat(messages[0], LAYOUT) is None  # off unless enabled
+    assert compiled.enable().startswith("numba")
+    try:
+        taken = 0
+        for message in messages:
+            flat = compression.decode_flat(message, LAYOUT)
+            ref_indices, ref_values = _flat_coordinates(compression.decode(message, LAYOUT))
+            if 4 * ref_indices.size > LAYOUT.total:
+                assert flat is None  # a dense-ish update goes by slices
+                continue
+            indices, values = flat
+            assert np.array_equal(indices, ref_indices) and indices.dtype == np.int64
+            assert values.tobytes() == ref_values.tobytes()
+            taken += 1
+        assert taken >= 20
+        refused = 0
+        for message in corrupted:
+            flat = compression.decode_flat(message, LAYOUT)
+            try:
+                reference = _flat_coordinates(compression.decode(message, LAYOUT))
+            except compression.CodecError:
+                assert flat is None  # the numpy codec names the reason
+                refused += 1
+                continue
+            if flat is not None:  # a flip the format cannot see (a value bit): both read the same
+                assert np.array_equal(flat[0], reference[0]) and flat[1].tobytes() == reference[1].tobytes()
+        assert refused > 40
+        other = compression.build("qsgd", {"s": 4}, LAYOUT)
+        grads = [rng.normal(size=n).astype(np.float32) for n in LAYOUT.sizes]
+        assert compression.decode_flat(compression.encode(other.compress(grads), LAYOUT), LAYOUT) is None
+    finally:
+        compiled.disable()
+
+
+@pytest.mark.parametrize("name", ["adacomp", "plain", "staleness"])
+def test_the_compiled_update_writes_the_numpy_updates_numbers(name):
+    """Same model bit for bit, same counters, over pushes by three workers with pulls between."""
+    rng = np.random.default_rng(6)
+    pushes = [(int(rng.integers(3)), _message(rng, 0.05, dense_up_to=100), bool(rng.random() < 0.4)) for _ in range(60)]
+
+    def run(flat: bool):
+        params = initial_parameters(LAYOUT, 1)
+        rule = rules.build(name, LAYOUT, 0.3)
+        for w in range(3):
+            rule.on_pull(w)
+        reports = []
+        for w, message, pull in pushes:
+            if flat:
+                applied = rule.apply_flat(params, *compression.decode_flat(message, LAYOUT), w, 1 + w)
+            else:
+                applied = rule.apply(params, compression.decode(message, LAYOUT), w, 1 + w)
+            reports.append((applied.entries, applied.mean_scale, applied.mean_sigma))
+            if pull:
+                rule.on_pull(w)
+        return params, rule.state(), reports
+
+    compiled.disable()
+    reference = run(False)
+    assert compiled.enable().startswith("numba")
+    try:
+        fast = run(True)
+    finally:
+        compiled.disable()
+    assert fast[0].tobytes() == reference[0].tobytes()
+    for key in reference[1]:
+        assert np.array_equal(fast[1][key], reference[1][key])
+    for (entries, scale, sigma), (ref_entries, ref_scale, ref_sigma) in zip(fast[2], reference[2]):
+        assert entries == ref_entries and scale == pytest.approx(ref_scale, rel=1e-5)
+        assert sigma == ref_sigma or sigma == pytest.approx(ref_sigma)
+
+
+def test_a_compiled_update_that_would_overflow_writes_nothing():
+    assert compiled.enable().startswith("numba")
+    try:
+        params = np.full(LAYOUT.total, 3e38, np.float32)
+        rule = rules.build("adacomp", LAYOUT, 1.0)
+        rule.on_pull(0)
+        before, counters = params.copy(), rule.touches.copy()
+        indices = np.array([0, 5, 1300], np.int64)
+        with pytest.raises(rules.RuleError, match="overflow"):
+            rule.apply_flat(params, indices, np.array([1.0, -3e38, 1.0], np.float32), 0, 1)
+        assert params.tobytes() == before.tobytes() and np.array_equal(rule.touches, counters)
+    finally:
+        compiled.disable()
+
+
+def test_a_compiled_float32_delta_is_the_numpy_deltas_bytes():
+    rng = np.random.default_rng(7)
+    params = rng.normal(size=LAYOUT.total).astype(np.float32)
+    cases = [np.flatnonzero(rng.random(LAYOUT.total) < density) for density in (0.0, 0.002, 0.05, 0.5, 0.9, 1.0)
+             for _ in range(5)]
+
+    def replies():
+        out = []
+        for changed in cases:
+            log = ChangeLog(LAYOUT.total, 0)
+            log.record([changed.astype(np.int64)], 1)
+            holding = Holding("f32")
+            holding.version = 0
+            reply = downlink.finish(downlink.prepare(holding, params, 1, log, LAYOUT, params.tobytes), holding, LAYOUT)
+            out.append((bytes(reply.body), reply.flags, reply.base, reply.entries))
+        return out
+
+    compiled.disable()
+    reference = replies()
+    assert compiled.enable().startswith("numba")
+    try:
+        fast = replies()
+    finally:
+        compiled.disable()
+    assert fast == reference
+    assert {flags for _, flags, _, _ in reference} == {0, int(Flag.DELTA)}  # both forms were exercised

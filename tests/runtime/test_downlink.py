@@ -2,11 +2,13 @@
 
 Properties over random orders of pushes, pulls and restarts, on the real server object (its
 change log, its replies, AdaComp's copies at pull) and the worker's :class:`ModelCopy`; then the
-same over real sockets. Fast: numpy only.
+same over real sockets. The properties run with the numpy code and with the compiled loops
+(:mod:`compression.compiled`), which build float32 deltas and AdaComp's counters at a pull their own way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -16,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import compression
-from compression import delta
+from compression import compiled, delta
 from compression.layout import Layout, TensorSpec
 from compression.parts import SparsePart, to_half
 from emulator.runtime import downlink, protocol
@@ -28,6 +30,20 @@ from support.paramserver import TIMEOUT, Client, RecordingTelemetry, server_conf
 
 BIG = Layout((TensorSpec("kernel", (30, 20)), TensorSpec("bias", (8,)), TensorSpec("out", (50,))))  # 600, 8, 50
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+LOOPS = pytest.mark.parametrize("loops", ["numpy", "numba"])
+
+
+@contextlib.contextmanager
+def running(loops: str):
+    """The server's hot path as numpy code or as the compiled loops."""
+    compiled.disable()
+    if loops == "numba":
+        pytest.importorskip("numba")
+        assert compiled.enable().startswith("numba")
+    try:
+        yield
+    finally:
+        compiled.disable()
 
 
 def server(rule="adacomp", layout=BIG, **cfg) -> ParameterServer:
@@ -108,13 +124,19 @@ OPS = st.lists(st.tuples(st.sampled_from(["push", "pull", "push_no_model", "rest
                          st.integers(0, 2**31)), min_size=1, max_size=60)
 
 
+@LOOPS
 @PROPERTY
 @given(OPS, st.sampled_from(["f32", "f16", "q8"]), st.sampled_from(["adacomp", "plain"]))
-def test_after_every_pull_the_copy_is_what_the_format_promises(ops, fmt, rule):
+def test_after_every_pull_the_copy_is_what_the_format_promises(loops, ops, fmt, rule):
     """Random pushes, pulls and restarts by four workers (one pulls dense): after each pull, a
     lossless copy equals the server's model bit for bit, an f16 copy equals the model rounded,
     and a q8 copy equals what the server keeps for it; AdaComp's copy of the counters at a pull
-    equals the counters."""
+    equals the counters (copied whole, or only where the model changed since the last pull)."""
+    with running(loops):
+        _pushes_pulls_and_restarts(ops, fmt, rule)
+
+
+def _pushes_pulls_and_restarts(ops, fmt, rule):
     ps = server(rule)
     devices = [Device(i, None if i == 3 else fmt) for i in range(4)]
     for d in devices:
@@ -139,9 +161,15 @@ def test_after_every_pull_the_copy_is_what_the_format_promises(ops, fmt, rule):
             np.testing.assert_array_equal(ps.rule.at_pull[i], ps.rule.touches)
 
 
+@LOOPS
 @PROPERTY
 @given(st.integers(0, 2**31), st.integers(1, 40))
-def test_a_lossless_delta_carries_exactly_what_changed_since_the_version_held(seed, pushes):
+def test_a_lossless_delta_carries_exactly_what_changed_since_the_version_held(loops, seed, pushes):
+    with running(loops):
+        _a_delta_after(seed, pushes)
+
+
+def _a_delta_after(seed, pushes):
     ps = server("plain")
     rng = np.random.default_rng(seed)
     d = Device(0, "f32")

@@ -213,9 +213,10 @@ def test_adacomp_memory_is_bounded():
     for w, snap in rule.at_pull.items():
         assert snap is snapshots[w]  # refreshed in place, never reallocated
         assert snap.shape == (layout.total,) and snap.dtype == np.uint32
-    # Nothing else hangs on the rule: no history list.
-    extra = {k: v for k, v in vars(rule).items() if k not in {"layout", "learning_rate", "touches", "at_pull"}}
+    # Nothing else hangs on the rule but each worker's pull version: no history list.
+    extra = {k: v for k, v in vars(rule).items() if k not in {"layout", "learning_rate", "touches", "at_pull", "pulled_at"}}
     assert extra == {}
+    assert set(rule.pulled_at) == set(range(5))
     assert int(rule.touches.sum()) == 10_000 * 11
 
 
