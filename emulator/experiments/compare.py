@@ -412,11 +412,46 @@ def pairs(rows: list[dict], confidence: float = CONFIDENCE) -> list[dict]:
         time = _difference([(x, y) for x, y in times if x is not None and y is not None], False, confidence)
         time.update(only_a_reached=sum(1 for x, y in times if x is not None and y is None),
                     only_b_reached=sum(1 for x, y in times if x is None and y is not None),
-                    neither_reached=sum(1 for x, y in times if x is None and y is None))
+                    neither_reached=sum(1 for x, y in times if x is None and y is None),
+                    ratio=[_time_ratio(x, y) for x, y in both])
         accuracy = _difference([(x["final_accuracy"], y["final_accuracy"]) for x, y in both], True, confidence)
         out.append({"a": a, "b": b, "repeats": len(repeats), "completed_pairs": len(both), "left_out": left_out,
                     "final_accuracy": accuracy, "time_to_target": time})
     return out
+
+
+def _time_ratio(a: dict, b: dict) -> dict | None:
+    """A's time to target over B's in one repetition: exact when both reached it; when only one
+    did, the other's time is at least its run's length (its last evaluation), so the ratio is
+    bounded (``bound``: "at most" or "at least"); None when neither reached it."""
+    ta, tb = _value(a, "time_to_target"), _value(b, "time_to_target")
+    if ta is None and tb is None:
+        return None
+    if ta is not None and tb is not None:
+        return {"value": ta / tb if tb else None, "bound": "exact"}
+    end = (b if tb is None else a).get("curve") or [{}]
+    last = end[-1].get("time_s")
+    if not last:
+        return None
+    return {"value": ta / last, "bound": "at most"} if tb is None else {"value": last / tb, "bound": "at least"}
+
+
+def time_ratio_note(a: str, b: str, ratios: list, always: bool = False) -> str | None:
+    """One line on the paired time ratios (by default only where censoring makes some bounds), and
+    what every pair supports."""
+    if not ratios or not (always or any(r and r["bound"] != "exact" for r in ratios)):
+        return None
+    signs = {"exact": "", "at most": "<= ", "at least": ">= "}
+    cells = ", ".join("neither reached" if r is None or r["value"] is None else f"{signs[r['bound']]}{r['value']:.2f}"
+                      for r in ratios)
+    line = f"- `{a}` vs `{b}`: time to target A / B per repetition {cells}"
+    if any(r and r["bound"] != "exact" for r in ratios):
+        line += " (a bound where one run did not reach the target by its end)"
+    if all(r is not None and r["value"] is not None and r["bound"] in ("exact", "at most") for r in ratios):
+        line += f"; A took at most {max(r['value'] for r in ratios):.2f} of B's time in every repetition"
+    elif all(r is not None and r["value"] is not None and r["bound"] in ("exact", "at least") for r in ratios):
+        line += f"; A took at least {min(r['value'] for r in ratios):.2f} times B's time in every repetition"
+    return line
 
 
 def _difference(values: list[tuple], higher_is_better: bool, confidence: float) -> dict:
@@ -503,6 +538,9 @@ def _render_repeated(report: dict) -> str:
             if time[key]:
                 notes.append(f"- `{a}` vs `{b}`: only `{who}` reached the target in {time[key]} of the "
                              f"{pair['completed_pairs']} repetitions in which both completed")
+        ratio = time_ratio_note(a, b, time.get("ratio") or [])
+        if ratio:
+            notes.append(ratio)
     lines += ["", *notes, *([""] if notes else []), f"![accuracy versus cumulative ingress bytes]({report['figure']})", ""]
     return "\n".join(lines)
 

@@ -105,6 +105,29 @@ def test_a_failed_repetition_is_left_out_of_its_pairs_only():
     assert stats["b"]["reached_target"] == 0 and stats["b"]["time_to_target"]["n"] == 0
 
 
+def test_a_run_that_never_reached_the_target_bounds_the_time_ratio_by_its_length():
+    """Censored times: B not reached by the end of its 120 s run means B's time exceeds 120 s, so A / B
+    is at most A's time / 120; the note says what every repetition supports."""
+    from emulator.experiments.compare import pairs, render_markdown
+
+    end = [{"time_s": 0.0, "accuracy": 0.1}, {"time_s": 120.0, "accuracy": 0.5}]
+    rows = [row("a", r, 0.8, t, curve=end) for r, t in enumerate([50.0, 60.0, 30.0])]
+    rows += [row("b", r, 0.6, t, curve=end) for r, t in enumerate([None, None, 90.0])]
+    (pair,) = pairs(rows)
+    ratio = pair["time_to_target"]["ratio"]
+    assert ratio == [{"value": pytest.approx(50 / 120), "bound": "at most"},
+                     {"value": pytest.approx(0.5), "bound": "at most"}, {"value": pytest.approx(1 / 3), "bound": "exact"}]
+    report = {"repeat": 3, "target_accuracy": 0.7, "dense_reference": None, "figure": "f.png", "methods": rows,
+              "aggregate": [], "pairs": [pair]}
+    note = next(line for line in render_markdown(report).splitlines() if "per repetition" in line)
+    assert "<= 0.42, <= 0.50, 0.33" in note and "A took at most 0.50 of B's time in every repetition" in note
+    # The other way round: B reached it where A did not; and a repetition where neither did.
+    rows = [row("a", 0, 0.5, None, curve=end), row("a", 1, 0.5, None, curve=end)]
+    rows += [row("b", 0, 0.8, 40.0, curve=end), row("b", 1, 0.8, None, curve=end)]
+    (pair,) = pairs(rows)
+    assert pair["time_to_target"]["ratio"] == [{"value": pytest.approx(3.0), "bound": "at least"}, None]
+
+
 # -- the report --------------------------------------------------------------------------
 
 

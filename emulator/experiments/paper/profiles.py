@@ -46,6 +46,12 @@ class Profile:
     two_way_workers: tuple[int, ...] = ()
     two_way_overrides: tuple[str, ...] = ()
     two_way_repeat: int = 3
+    # Time to target with dense and delta pulls on symmetric links, in runs long enough for the dense
+    # pulls to reach it too, evaluated often (none: skipped).
+    two_way_time_workers: tuple[int, ...] = ()
+    two_way_time_methods: tuple[str, ...] = ("adacomp:c=0.01", "adacomp:c=0.01:pull=delta")
+    two_way_time_overrides: tuple[str, ...] = ()
+    two_way_time_repeat: int = 3
     # The step-size grid (beyond the paper's alpha 0.1): each of these methods at each alpha, one
     # seed, short runs; the methods comparison then adds each one at its best alpha (none: skipped).
     alpha_methods: tuple[str, ...] = ()
@@ -112,6 +118,11 @@ PROFILES = {
         two_way_workers=(8, 32), two_way_overrides=("training.duration=120s", "training.max_updates=null",
                                                     "training.learning_rate=0.02", "training.eval_every=20s",
                                                     "workers[0].cpus=0.04"),
+        # In 120 s dense-pull AdaComp reached the target in 1 of 3 runs on symmetric links: twice as
+        # long, evaluated every 10 s, so that both pulls get there and the ratio is measured.
+        two_way_time_workers=(8,), two_way_time_overrides=("training.duration=240s", "training.max_updates=null",
+                                                           "training.learning_rate=0.02", "training.eval_every=10s",
+                                                           "workers[0].cpus=0.04"),
     ),
     "smoke": Profile(
         methods=("asgd", "adacomp:c=0.01"),
