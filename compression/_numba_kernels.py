@@ -1,6 +1,8 @@
 """The numba loops behind :mod:`compression.compiled` (imported only by its ``enable()``).
 
-Each mirrors a numpy function named in its docstring and must return the same numbers.
+Each mirrors a numpy function named in its docstring and must return the same numbers (the one
+exception: ``apply_flat``'s sum of ``1 / divisor``, a traced figure, is summed in float64). None
+checks its indices: they come from ``decode_flat`` or the server's change log, both checked.
 """
 
 from __future__ import annotations

@@ -288,3 +288,20 @@ def test_adacomp_matches_the_papers_definition(seed):
             rule.on_pull(w)
             pulled[w] = version
     assert max(delays) >= 5 and 0 in delays  # the sequence exercised real staleness
+
+
+def test_adacomp_copies_the_counters_whole_when_the_change_set_starts_after_its_copy():
+    """The partial refresh at a pull is sound only for a change set that starts at or before the
+    worker's copy (two connections of one worker id can hold different versions): else a whole copy."""
+    layout = Layout((TensorSpec("w", (100,)),))
+    rule = AdaComp(layout, 0.1)
+    rule.on_pull(0, 0)
+    rule.touches[[3, 40, 77]] += 1  # changed after version 0
+    rule.on_pull(0, 5, since=(2, np.array([40], np.int64)))  # a change set from version 2: not enough
+    np.testing.assert_array_equal(rule.at_pull[0], rule.touches)
+    rule.touches[[8, 9]] += 1
+    rule.on_pull(0, 7, since=(5, np.array([8, 9], np.int64)))  # from the copy's own version: partial
+    np.testing.assert_array_equal(rule.at_pull[0], rule.touches)
+    rule.touches[50] += 1
+    rule.on_pull(0, 8)  # no change set: whole
+    np.testing.assert_array_equal(rule.at_pull[0], rule.touches)

@@ -244,7 +244,7 @@ def two_way_time_experiment(profile: Profile, out: Path, backend: str, dataset: 
         body.append("")
         for pair in table["pairs"]:
             time = pair["time_to_target"]
-            body.append(f"- `{pair['a']}` - `{pair['b']}`, time to target: {interval_cell(time, '+.1f')} s, {time['verdict']}")
+            body.append(f"- `{pair['a']}` - `{pair['b']}`, time to target: {interval_cell(time, '.1f')} s, {time['verdict']}")
             note = time_ratio_note(pair["a"], pair["b"], time.get("ratio") or [], always=True)
             if note:
                 body.append(note)
