@@ -439,21 +439,25 @@ def _time_ratio(a: dict, b: dict) -> dict | None:
 def time_ratio_note(a: str, b: str, ratios: list, always: bool = False) -> str | None:
     """One line on the paired time ratios (by default only where censoring makes some bounds), and
     what every pair supports."""
-    if not ratios or not (always or any(r and r["bound"] != "exact" for r in ratios)):
+    kinds = {r["bound"] for r in ratios if r}
+    censored = bool(kinds - {"exact"})
+    if not ratios or not (always or censored):
         return None
     signs = {"exact": "", "at most": "<= ", "at least": ">= "}
     cells = ", ".join("neither reached" if r is None else "-" if r["value"] is None else f"{signs[r['bound']]}{r['value']:.2f}"
                       for r in ratios)
     line = f"- `{a}` vs `{b}`: time to target A / B per repetition {cells}"
-    if any(r and r["bound"] != "exact" for r in ratios):
+    if censored:
         line += " (a bound where one run did not reach the target by its end)"
-    if all(r is not None and r["value"] is not None and r["bound"] == "exact" for r in ratios):
-        values = [r["value"] for r in ratios]
+    if not all(r is not None and r["value"] is not None for r in ratios):
+        return line
+    values = [r["value"] for r in ratios]
+    if kinds == {"exact"}:
         line += f"; from {min(values):.2f} to {max(values):.2f}"
-    elif all(r is not None and r["value"] is not None and r["bound"] in ("exact", "at most") for r in ratios):
-        line += f"; A took at most {max(r['value'] for r in ratios):.2f} of B's time in every repetition"
-    elif all(r is not None and r["value"] is not None and r["bound"] in ("exact", "at least") for r in ratios):
-        line += f"; A took at least {min(r['value'] for r in ratios):.2f} times B's time in every repetition"
+    elif kinds <= {"exact", "at most"}:
+        line += f"; A took at most {max(values):.2f} of B's time in every repetition"
+    elif kinds <= {"exact", "at least"}:
+        line += f"; A took at least {min(values):.2f} times B's time in every repetition"
     return line
 
 

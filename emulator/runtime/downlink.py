@@ -165,13 +165,11 @@ def prepare(holding: Holding, params: np.ndarray, version: int, log: ChangeLog, 
             if BASE.size + size < 4 * layout.total:
                 return Reply(version, base=holding.version, entries=int(changed.size), values=values, changed=changed,
                              since=since)
-            return Reply(version, body=snapshot(), since=since)
-        selection, size = delta.select(fmt, layout, changed)
-        if BASE.size + size < 4 * layout.total:
-            return Reply(version, base=holding.version, entries=int(changed.size), selection=selection,
-                         values=delta.take(params, layout, selection), since=since)
-        if not fmt.whole_model:
-            return Reply(version, body=snapshot(), since=since)
+        else:
+            selection, size = delta.select(fmt, layout, changed)
+            if BASE.size + size < 4 * layout.total:
+                return Reply(version, base=holding.version, entries=int(changed.size), selection=selection,
+                             values=delta.take(params, layout, selection), since=since)
     if fmt.whole_model:
         selection = delta.whole(layout)
         return Reply(version, base=WHOLE, entries=int(layout.total), selection=selection,

@@ -18,7 +18,7 @@ from emulator.experiments.paper.availability import availability_experiment
 from emulator.experiments.paper.plots import ingress_figure, method_figures, sweep_figures
 from emulator.experiments.paper.profiles import LINKS, PAPER, Profile
 from emulator.experiments.paper.results import Section
-from emulator.experiments.paper.runner import run_comparison, run_failure, run_sweep_into
+from emulator.experiments.paper.runner import comparison_failures, run_comparison, run_failure, run_sweep_into
 from emulator.experiments.paper.tables import (
     authors_bytes_per_update,
     fmt,
@@ -230,11 +230,8 @@ def two_way_time_experiment(profile: Profile, out: Path, backend: str, dataset: 
         result = run_comparison(f"two-way-time-{workers}", list(profile.two_way_time_methods),
                                 [*base, *link_sets, f"workers[0].count={workers}"], profile.two_way_time_repeat, out, backend, say)
         commands.append(result["command"])
-        table, directory = result["table"], Path(result["directory"])
-        for row in table["methods"]:
-            why = run_failure(directory / row["run_id"])
-            if why:
-                failures.append(f"time to target ({workers} workers): {row['method']} ({row['run_id']}): {why}")
+        table = result["table"]
+        failures += comparison_failures(result, f"time to target ({workers} workers)")
         body += [f"### {title}, {workers} workers", "",
                  f"Target accuracy {table['target_accuracy']:.4f} ({table.get('target_rule') or 'given'}).", "",
                  "| method | final accuracy | time to target (s) | reached the target |", "|---|---|---|---|"]

@@ -60,6 +60,13 @@ def run_failure(run_dir: Path) -> str | None:
     return f"{summary.get('status')}: {error.splitlines()[0] if error else 'no error recorded'}"
 
 
+def comparison_failures(result: dict, label: str) -> list[str]:
+    """``label: method (run id): why`` for each run of a :func:`run_comparison` that did not complete."""
+    directory = Path(result["directory"])
+    return [f"{label}: {row['method']} ({row['run_id']}): {why}" for row in result["table"]["methods"]
+            if (why := run_failure(directory / row["run_id"]))]
+
+
 def sweep_failures(collection, name: str) -> dict[int, list[str]]:
     """Per grid point, each run that did not complete with the first line of its cause."""
     causes: dict[int, list[str]] = {}

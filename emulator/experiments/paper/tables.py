@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from emulator.control.summary import flag
-from emulator.experiments.paper.runner import run_failure, sweep_failures
+from emulator.experiments.paper.runner import comparison_failures, run_failure, sweep_failures
 
 
 def bytes_to_reach(curve: list[dict], accuracy: float) -> float | None:
@@ -132,7 +132,7 @@ def repeated_methods_section(methods: dict, authors: dict[str, int | None]) -> t
     update on both bases; every run that did not complete is listed with its cause."""
     directory = Path(methods["directory"])
     rows = methods["table"]["methods"]
-    failures = [f"methods: {r['method']} ({r['run_id']}): {why}" for r in rows if (why := run_failure(directory / r["run_id"]))]
+    failures = comparison_failures(methods, "methods")
     reference = dense_reference(rows)
     lines = [*compare_tables(directory), "", "Bytes per update on both bases (a push's size is the same in every repetition):", "",
              "| method | compact wire (B) | ratio to ASGD | authors' format (B) | ratio to ASGD, authors' format |",
