@@ -11,7 +11,7 @@ module each; ``ErrorFeedback`` wraps any of them that does not keep its own resi
 from compression import (  # noqa: F401  (importing a module registers its compressor)
     adaptive_residual, dense, dgc, fp16, powersgd, qsgd, randomk, signsgd, terngrad, threshold, topk,
 )
-from compression.base import COMPRESSORS, Compressor, NonFiniteGradient, Params, build, register
+from compression.base import COMPRESSORS, Compressor, NonFiniteGradient, Params, build, lookup, register
 from compression.codec import CodecError, decode, decode_flat, encode
 from compression.layout import Layout, TensorSpec
 from compression.memory import ErrorFeedback
@@ -20,7 +20,7 @@ from compression.parts import (
 )
 
 __all__ = [
-    "COMPRESSORS", "Compressor", "NonFiniteGradient", "Params", "build", "register", "CodecError", "decode", "decode_flat", "encode",
+    "COMPRESSORS", "Compressor", "NonFiniteGradient", "Params", "build", "lookup", "register", "CodecError", "decode", "decode_flat", "encode",
     "Layout", "TensorSpec", "ErrorFeedback", "DensePart", "HalfPart", "LowRankPart", "Part", "QuantizedPart",
     "SignPart", "SparsePart", "SparseSignPart", "WireFormat",
 ]

@@ -25,6 +25,8 @@ from pydantic import BaseModel, ConfigDict
 from compression.layout import Layout
 from compression.parts import Part
 
+from emulator import plugins
+
 
 class NonFiniteGradient(ValueError):
     """The gradient holds NaN or Inf; ``tensors`` maps each such tensor's name to how many it holds."""
@@ -82,10 +84,26 @@ def register(cls: type[Compressor]) -> type[Compressor]:
     return cls
 
 
+def lookup(name: str) -> type[Compressor]:
+    """The compressor class called ``name`` in :data:`COMPRESSORS`, or the user's class a reference names
+    (``path/my_compressor.py:MyCompressor``); ValueError naming what is wrong otherwise."""
+    if not plugins.is_reference(name):
+        try:
+            return COMPRESSORS[name]
+        except KeyError:
+            raise ValueError(f"unknown compressor {name!r}; known: {', '.join(sorted(COMPRESSORS))}") from None
+    cls = plugins.load(name)
+    if not (isinstance(cls, type) and issubclass(cls, Compressor)):
+        raise plugins.PluginError(f"{name}: is {cls!r}, not a subclass of compression.Compressor (see docs/OWN_WORKLOAD.md)")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise plugins.PluginError(f"{name}: does not implement {', '.join(missing)} of compression.Compressor")
+    if not (isinstance(cls.Params, type) and issubclass(cls.Params, Params)):
+        raise plugins.PluginError(f"{name}: its Params must subclass compression.Params (a pydantic model), got {cls.Params!r}")
+    return cls
+
+
 def build(name: str, params: dict, layout: Layout, seed: int = 0) -> Compressor:
-    """``COMPRESSORS[name](Params(**params), layout, seed)``, with a clear error for unknown names."""
-    try:
-        cls = COMPRESSORS[name]
-    except KeyError:
-        raise ValueError(f"unknown compressor {name!r}; known: {', '.join(sorted(COMPRESSORS))}") from None
+    """``lookup(name)(Params(**params), layout, seed)``: a built-in or a user's compressor from config."""
+    cls = lookup(name)
     return cls(cls.Params(**params), layout, seed)

@@ -24,6 +24,7 @@ import click
 from emulator import backends
 from emulator.control import cleanup  # used as backends.choose, cleanup.clean_all, checks.diagnose: the seams tests replace
 from emulator.control import doctor as checks
+from emulator.control import workload
 from emulator.backends import BackendUnavailable
 from emulator.backends.swarm import push_images
 from emulator.host import images as image_lib
@@ -33,6 +34,8 @@ from emulator.control.run import RunFailed, run_scenario
 from emulator.planning.loader import load_scenario
 from emulator.planning.problems import ScenarioError
 from emulator.planning.scenario import json_schema
+from emulator.planning.workload import user_files
+from emulator import plugins
 from emulator.experiments.sweep import Sweep, SweepError, default_directory, run_sweep
 from emulator.planning import tracegen
 from emulator.planning.units import format_bytes, format_rate, parse_duration, parse_rate
@@ -85,11 +88,15 @@ def _docker_client():
         _fail(f"no Docker daemon answers ({exc}); start one (as root, make demo installs and starts it)")
 
 
-def _load(path: str, overrides: tuple[str, ...]):
+def _load(path: str, overrides: tuple[str, ...], run_code: bool = False):
+    """The scenario, its raw mapping and its plan; ``run_code``: also import and check the user's files
+    (a loader, a model, a compressor, a rule), as a run does first. Exit 2 naming what is wrong."""
     try:
         scenario, raw = load_scenario(path, list(overrides))
         plan = make_plan(scenario)
-        check_dataset(scenario)  # a missing or too small dataset is bad input, found before anything runs
+        found = check_dataset(scenario)  # a missing or too small dataset is bad input, found before anything runs
+        if run_code:
+            workload.check(plan, user_files(plan), found.input_shape, found.classes)
     except ScenarioError as exc:
         if not exc.source:
             exc = ScenarioError(exc.problems, path)
@@ -170,9 +177,11 @@ def _print_summary(summary: dict, path) -> None:
 @click.argument("scenario_file", type=click.Path(dir_okay=False))
 @set_option
 @click.option("--json", "as_json", is_flag=True, help="The whole plan as canonical JSON.")
-def plan(scenario_file, overrides, as_json):
+@click.option("--import", "run_code", is_flag=True,
+              help="Also import and check the user's files the scenario names, as a run does (plan alone never runs them).")
+def plan(scenario_file, overrides, as_json, run_code):
     """Show the resolved plan: every device and every fault, without running anything."""
-    _, _, resolved = _load(scenario_file, overrides)
+    _, _, resolved = _load(scenario_file, overrides, run_code=run_code)
     if as_json:
         click.echo(resolved.dumps(), nl=False)
         return
@@ -195,7 +204,7 @@ def render_plan(p) -> str:
     t = p.training
     lines = [
         f"scenario {p.name} (seed {p.seed}, plan {p.digest()})",
-        f"model {p.model}; dataset {p.dataset['name']} ({p.dataset['partition']}); method {p.method.name} "
+        f"model {p.model['name']}; dataset {p.dataset['name']} ({p.dataset['partition']}); method {p.method.label} "
         f"= compressor {p.method.compressor} {p.method.params or ''} + rule {p.method.rule}"
         + (" + error feedback" if p.method.error_feedback else "") + (f" + pull {p.method.pull_label}" if p.method.pull_label else ""),
         f"training: batch {t['batch_size']}, alpha {t['learning_rate']}, until "
@@ -212,6 +221,11 @@ def render_plan(p) -> str:
         lines.append(f"  {e.time_s:>9.3f}s  {e.action:<9} {e.target:<12} {params} [{e.source}]")
     for tr in p.triggers:
         lines.append(f"  trigger: {tr['action']} {tr['worker']} after its {tr['after_pushes']}th applied update")
+    files = user_files(p)
+    lines += ["", f"your files ({len(files)}):" if files else "your files: none (the run imports no code from outside the package)"]
+    for f in files:
+        how = "imported by the run" + (" and on devices" if f.on_devices else " on this machine") if f.imported else "read"
+        lines.append(f"  {f.field:<15} {f.role:<10} {f.reference}  ({how})")
     return "\n".join(lines)
 
 
@@ -258,6 +272,63 @@ def compare(scenario_file, methods, backend, overrides, out_root, directory, rep
         sys.exit(EXIT_INTERRUPTED)
     click.echo((Path(out) / "compare.md").read_text())
     click.echo(f"comparison: {out}")
+
+
+@main.command()
+@click.argument("target")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="A compressor parameter (repeatable), read as YAML.")
+@set_option
+def check(target, params, overrides):
+    """Run the contract suite on your compressor or update rule (file.py:Class), or on every file a scenario names.
+
+    \b
+    emulate check my_compressor.py:MyCompressor -p c=0.01
+    emulate check my_rule.py:MyRule
+    emulate check scenario.yaml      # its data set, model, compressor and rule, on the model's own layout
+
+    Exit 0 when every check passes, 1 when one fails (each is listed with what broke), 2 when the
+    file cannot be imported or the parameters are refused (your traceback is shown, marked as yours)."""
+    import yaml
+
+    if target.endswith((".yaml", ".yml")):
+        if params:
+            _fail("--param: give a scenario's parameters in its method section (or with --set method.KEY=VALUE)")
+        scenario, _, resolved = _load(target, overrides, run_code=True)
+        found = check_dataset(scenario)
+        layout = workload.model_of(resolved).layout(found.input_shape, found.classes)
+        try:
+            results = workload.scenario_check(resolved, user_files(resolved), layout)
+        except (plugins.PluginError, ScenarioError) as exc:
+            _fail(f"{target}: {exc}")
+        click.echo(f"{target}: data set and model checked ({layout.total:,} parameters in {len(layout)} tensors)")
+        failed = sum(_print_verdicts(f"{f.field} {f.reference}", verdicts) for f, verdicts in results)
+    else:
+        if overrides:
+            _fail("--set: goes with a scenario file; for a compressor use --param KEY=VALUE")
+        values = {}
+        for item in params:
+            key, sep, raw = item.partition("=")
+            if not sep or not key:
+                _fail(f"--param {item!r}: expected KEY=VALUE")
+            values[key] = yaml.safe_load(raw)
+        try:
+            kind, verdicts = workload.contract_check(target, values)
+        except ScenarioError as exc:
+            _fail(f"{target}: " + "; ".join(str(p) for p in exc.problems))
+        except plugins.PluginError as exc:
+            _fail(str(exc))
+        failed = _print_verdicts(f"{kind} {target}", verdicts)
+    if failed:
+        sys.exit(EXIT_FAILED)
+
+
+def _print_verdicts(title: str, verdicts) -> bool:
+    """Print one plug-in's verdicts; True when any check failed."""
+    bad = [v for v in verdicts if not v.ok]
+    click.echo(f"{title}: {len(verdicts) - len(bad)} of {len(verdicts)} checks passed")
+    for v in verdicts:
+        click.echo(f"  {'ok  ' if v.ok else 'FAIL'} {v.check}" + (f": {v.detail}" if v.detail else ""))
+    return bool(bad)
 
 
 @main.command()

@@ -97,13 +97,13 @@ def import_file(path: str | os.PathLike) -> ModuleType:
 
     :class:`PluginError` if it is missing or not a ``.py`` file; :class:`UserCodeError` if importing it raises."""
     file = Path(path)
+    name = module_name(file)
+    if name in sys.modules:
+        return sys.modules[name]
     if file.suffix != PYTHON_SUFFIX:
         raise PluginError(f"{file}: not a Python file (.py)")
     if not file.is_file():
         raise PluginError(f"{file}: no such file")
-    name = module_name(file)
-    if name in sys.modules:
-        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

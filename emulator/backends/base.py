@@ -28,6 +28,7 @@ class Endpoints:
     server_address: tuple[str, int]  # how devices reach the parameter server
     data_dir: str  # the shard directory as devices see it
     checkpoint_dir: str  # where the parameter server keeps its checkpoint, as it sees it
+    workload_dir: str  # the run's workload/ folder (the user's files, the initial model) as devices see it
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class RunContext:
     run_dir: str
     data_dir: str  # the shard directory on the controller's machine
     start_time: float
+    workload_dir: str = ""  # the run's workload/ folder on the controller's machine (emulator/control/workload.py)
+    preload: tuple[str, ...] = ()  # names in it of the Python files devices import: a zygote imports them before forking
 
 
 class BackendUnavailable(RuntimeError):

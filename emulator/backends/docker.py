@@ -45,6 +45,7 @@ SERVER_PORT = 7000
 DATA_MOUNT = "/data"
 CONFIG_MOUNT = "/etc/emulator"
 CHECKPOINT_MOUNT = "/checkpoint"
+WORKLOAD_MOUNT = "/workload"  # the run's workload/ folder: the user's files and the initial model, read-only
 DEVICE_UID = 10001
 MODULES = {"server": "paramserver", "worker": "worker", "evaluator": "evaluator"}
 CPU_PERIOD_US = 100_000
@@ -134,7 +135,8 @@ class DockerBackend(Backend):
         os.chmod(checkpoints, 0o700)
         if self.boot == "zygote":
             self._start_zygote()
-        return Endpoints(gateway, gateway, ("0.0.0.0", SERVER_PORT), (server_ip, SERVER_PORT), DATA_MOUNT, CHECKPOINT_MOUNT)
+        return Endpoints(gateway, gateway, ("0.0.0.0", SERVER_PORT), (server_ip, SERVER_PORT), DATA_MOUNT, CHECKPOINT_MOUNT,
+                         WORKLOAD_MOUNT)
 
     def labels(self, device: str | None = None) -> dict[str, str]:
         """What every object of this run carries: the run, its instance, its directory, its owner."""
@@ -145,7 +147,8 @@ class DockerBackend(Backend):
     def _start_zygote(self) -> None:
         from emulator.backends.docker_zygote import ZygoteBoot
 
-        self.zygote = ZygoteBoot(self.docker, self.image, f"{self.ctx.run_id}-{self.instance}", self.labels(), self.say)
+        self.zygote = ZygoteBoot(self.docker, self.image, f"{self.ctx.run_id}-{self.instance}", self.labels(), self.say,
+                                 binds=self._workload_bind(), user_files=[f"{WORKLOAD_MOUNT}/{name}" for name in self.ctx.preload])
         try:
             seconds = self.zygote.start()
         except Exception as exc:  # noqa: BLE001 - any failure: boot the old way, and say why
@@ -218,10 +221,16 @@ class DockerBackend(Backend):
         )
         return self.docker.containers.get(created["Id"])
 
+    def _workload_bind(self) -> dict:
+        if not self.ctx.workload_dir:
+            return {}
+        return {str(Path(self.ctx.workload_dir).resolve()): {"bind": WORKLOAD_MOUNT, "mode": "ro"}}
+
     def _binds(self, device: DevicePlan) -> dict:
         binds = {
             str(Path(self.ctx.data_dir).resolve()): {"bind": DATA_MOUNT, "mode": "ro"},
             str(self._config_dir(device).resolve()): {"bind": CONFIG_MOUNT, "mode": "ro"},
+            **self._workload_bind(),
         }
         if device.role == "server":
             binds[str((Path(self.ctx.run_dir) / "checkpoint").resolve())] = {"bind": CHECKPOINT_MOUNT, "mode": "rw"}

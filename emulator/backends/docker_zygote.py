@@ -27,7 +27,10 @@ CAPABILITIES = ["SYS_ADMIN", "SYS_PTRACE"]  # setns into another mount namespace
 class ZygoteBoot:
     """The run's zygote container and the connection to it."""
 
-    def __init__(self, docker, image: str, run_id: str, labels: dict, say=lambda msg: None):
+    def __init__(self, docker, image: str, run_id: str, labels: dict, say=lambda msg: None, binds: dict | None = None,
+                 user_files: list[str] = ()):
+        self.binds = dict(binds or {})  # the run's workload folder, so the zygote imports the user's files
+        self.user_files = list(user_files)
         self.docker = docker
         self.image = image
         self.run_id = run_id
@@ -45,10 +48,10 @@ class ZygoteBoot:
             pid_mode="host",  # to see the device containers' processes and namespaces
             network_mode="host",  # its abstract socket is then reachable from the controller
             cap_add=CAPABILITIES, read_only=True, tmpfs={"/tmp": "rw,nosuid,nodev,size=64m"},
-            binds={"/sys/fs/cgroup": {"bind": CGROUP_ROOT, "mode": "rw"}},
+            binds={"/sys/fs/cgroup": {"bind": CGROUP_ROOT, "mode": "rw"}, **self.binds},
         )
         created = self.docker.api.create_container(
-            self.image, command=["python", "-m", "emulator.runtime.zygote", self.address], user="0:0",
+            self.image, command=["python", "-m", "emulator.runtime.zygote", self.address, *self.user_files], user="0:0",
             name=f"emu-{self.run_id}-zygote", host_config=host_config, labels=self.labels, detach=True,
         )
         self.container = self.docker.containers.get(created["Id"])

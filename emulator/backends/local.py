@@ -107,9 +107,11 @@ class LocalBackend(Backend):
 
             started = time.monotonic()
             address = f"@edge-emulator-zygote-{ctx.run_id}-{os.getpid()}"  # abstract: no path-length limit, no file
-            self.zygote = ZygoteClient(address, str(Path(ctx.run_dir) / "logs" / "zygote.log"), self._env(), ctx.run_dir)
+            self.zygote = ZygoteClient(address, str(Path(ctx.run_dir) / "logs" / "zygote.log"), self._env(), ctx.run_dir,
+                                       user_files=[f"{ctx.workload_dir}/{name}" for name in ctx.preload])
             self.say(f"local: TensorFlow loaded once in a zygote ({time.monotonic() - started:.1f}s); devices are forked from it")
-        return Endpoints("127.0.0.1", "127.0.0.1", ("127.0.0.1", port), ("127.0.0.1", port), ctx.data_dir, str(checkpoints))
+        return Endpoints("127.0.0.1", "127.0.0.1", ("127.0.0.1", port), ("127.0.0.1", port), ctx.data_dir, str(checkpoints),
+                         ctx.workload_dir)
 
     def _env(self) -> dict:
         env = dict(os.environ)

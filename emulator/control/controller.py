@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from emulator import datasets
-from emulator.control import fidelity
+from emulator.control import fidelity, workload
 from emulator.backends import Backend, Endpoints, RunContext
 from emulator.control.collector import Collector
 from emulator.control.faults import Devices, FaultInjector
@@ -30,7 +30,7 @@ from emulator.planning.methods import ResolvedMethod
 from emulator.planning.plan import DevicePlan, Plan
 from emulator.control.rundir import RunDirectory, read_jsonl
 from emulator.control.runstate import LiveState, Progress
-from emulator.runtime import models
+from emulator.planning.workload import user_files
 from emulator.runtime.config import (CheckpointConfig, DeviceConfig, EvaluatorConfig, LinkConfig, MethodConfig, PullConfig,
                                      ServerConfig, WireConfig, WorkerConfig)
 from emulator.control.summary import RunFacts, summarize
@@ -110,16 +110,19 @@ class Emulation:
             checkpoint = CheckpointConfig(dir=ep.checkpoint_dir, every_updates=ckpt.get("every_updates"),
                                           every_s=ckpt.get("every")) if ckpt.get("enabled") else None
             return ServerConfig(**common, seed=plan.seed, bind=tuple(ep.server_bind), layout=self.layout.to_json(),
-                                rule=plan.method.rule, learning_rate=plan.training["learning_rate"],
-                                max_updates=plan.training["max_updates"], transport=transport, checkpoint=checkpoint)
-        client = {**common, "ps": tuple(ep.server_address), "cpus": self.devices.cpus[device.name], "model": plan.model,
-                  "classes": self.shards.classes}
+                                rule=self.bundle.device_reference(plan.method.rule, ep.workload_dir),
+                                learning_rate=plan.training["learning_rate"], max_updates=plan.training["max_updates"],
+                                transport=transport, checkpoint=checkpoint, initial=f"{ep.workload_dir}/{workload.INITIAL}")
+        client = {**common, "ps": tuple(ep.server_address), "cpus": self.devices.cpus[device.name],
+                  "model": self.bundle.device_reference(plan.model["name"], ep.workload_dir),
+                  "model_args": dict(plan.model["args"]), "model_output": plan.model["output"], "classes": self.shards.classes}
         if device.role == "worker":
             incarnation = self.devices.incarnation.get(device.name, 0)
             return WorkerConfig(**client, worker=device.index, incarnation=incarnation,
                                 seed=(device.seed + 7919 * incarnation) & 0x7FFFFFFF,
                                 shard=f"{ep.data_dir}/{Path(self.shards.shards[device.index]).name}",
-                                batch_size=plan.training["batch_size"], method=method_config(plan.method), transport=transport)
+                                batch_size=plan.training["batch_size"], transport=transport,
+                                method=method_config(plan.method, self.bundle.device_reference(plan.method.compressor, ep.workload_dir)))
         every = plan.training["eval_every"]
         return EvaluatorConfig(**client, test_set=f"{ep.data_dir}/{Path(self.shards.test_set).name}",
                                eval_every_s=every.get("seconds"), eval_every_updates=every.get("updates"))
@@ -138,16 +141,19 @@ class Emulation:
             dirichlet_alpha=self.plan.dataset.get("dirichlet_alpha"), train_size=self.plan.dataset.get("train_size"),
             test_size=self.plan.dataset.get("test_size"), cache_dir=cache_dir() / "data",
         )
-        self.layout = models.get(self.plan.model).layout(self.shards.input_shape, self.shards.classes)
+        model = workload.model_of(self.plan)  # a user's was built and checked before the run (run.run_scenario)
+        self.layout = model.layout(self.shards.input_shape, self.shards.classes)
         self.rundir.write_json("data.json", self.shards.to_json())
-        ctx = RunContext(self.rundir.run_id, str(self.rundir.path), self.shards.directory, self.start_time)
+        self.bundle = workload.write(self.rundir.path, user_files(self.plan), model.initial_values(self.layout, self.plan.seed))
+        ctx = RunContext(self.rundir.run_id, str(self.rundir.path), self.shards.directory, self.start_time,
+                         workload_dir=self.bundle.host_dir, preload=self.bundle.preload)
         self.endpoints = self.backend.prepare(ctx, self.plan.devices)
         self.collector = Collector(self.rundir, self.token, self.endpoints.collector_bind, clock=self.now).start()
         self.collector.observe(self.state.observe)
         self.rundir.write_json("mechanisms.json", {d.name: self.backend.mechanisms(d) for d in self.plan.devices})
         self.event("run_started", run_id=self.rundir.run_id, backend=self.backend.name, dataset=self.shards.source,
                    parameters=self.layout.total, workers=len(self.plan.workers))
-        self.say(f"run {self.rundir.run_id}: {len(self.plan.workers)} workers, method {self.plan.method.name}, "
+        self.say(f"run {self.rundir.run_id}: {len(self.plan.workers)} workers, method {self.plan.method.label}, "
                  f"{self.shards.dataset} ({self.shards.source}), backend {self.backend.name}")
 
     def _start_devices(self) -> None:
@@ -372,7 +378,7 @@ class Emulation:
         layout, shards = getattr(self, "layout", None), getattr(self, "shards", None)
         facts = RunFacts(
             run_id=self.rundir.run_id, name=self.plan.name, status=self.status, backend=self.backend.name,
-            method=self.plan.method.name, rule=self.plan.method.rule, compressor=self.plan.method.compressor,
+            method=self.plan.method.label, rule=self.plan.method.rule, compressor=self.plan.method.compressor,
             workers=len(self.plan.workers), seed=self.plan.seed, plan_digest=self.plan.digest(),
             duration_s=self.training_end if self.training_end is not None else self.training_time(),
             error=None if error is None else f"{type(error).__name__}: {error}",
@@ -384,9 +390,10 @@ class Emulation:
                          read_jsonl(self.rundir.path / "rejections.jsonl"), facts)
 
 
-def method_config(method: ResolvedMethod) -> MethodConfig:
-    """The workers' side of the planned method, as their configuration carries it."""
-    return MethodConfig(compressor=method.compressor, params=dict(method.params), error_feedback=method.error_feedback,
+def method_config(method: ResolvedMethod, compressor: str | None = None) -> MethodConfig:
+    """The workers' side of the planned method, as their configuration carries it; ``compressor``: the
+    compressor as devices name it (a user's file where they read it), default the plan's."""
+    return MethodConfig(compressor=compressor or method.compressor, params=dict(method.params), error_feedback=method.error_feedback,
                         wire=WireConfig(**method.wire), pull=PullConfig(**method.pull))
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 import compression
 from compression import COMPRESSORS
 
+from emulator import plugins
 from emulator.planning.problems import Problem, problems_from
 from emulator.runtime.rules import RULES
 
@@ -62,6 +63,11 @@ class ResolvedMethod:
     pull: dict = field(default_factory=lambda: {"mode": "dense", "values": "f32", "every": 1})
 
     @property
+    def label(self) -> str:
+        """The method's name for people: a preset or compressor name, or a user's ``file.py:Class`` without its folder."""
+        return short_reference(self.name)
+
+    @property
     def pull_label(self) -> str:
         """How workers pull, for people (``delta f16, every 4 pushes``); empty for the default (dense after every push)."""
         mode, values, every = self.pull["mode"], self.pull["values"], self.pull["every"]
@@ -76,20 +82,30 @@ class ResolvedMethod:
         }
 
 
+def short_reference(name: str) -> str:
+    """``/home/me/comp/sign.py:SignTopK`` -> ``sign.py:SignTopK``; a registry name as it is."""
+    return name.rsplit("/", 1)[-1] if plugins.is_reference(name) else name
+
+
 def known_methods() -> list[str]:
     return sorted(set(PRESETS) | set(COMPRESSORS))
 
 
 def resolve(spec: MethodSection) -> ResolvedMethod:
-    """Preset or compressor name -> compressor, its validated parameters, and the server rule."""
+    """Preset or compressor name -> compressor, its validated parameters, and the server rule.
+
+    A user's compressor (``file.py:Class``) keeps its parameters as written: planning imports no user
+    code, so they are validated by its own ``Params`` when a run imports it (:mod:`emulator.control.workload`)."""
     preset = PRESETS.get(spec.name)
     compressor = preset.compressor if preset else spec.name
-    if compressor not in COMPRESSORS:
+    if plugins.is_reference(compressor):
+        params = dict(spec.params)
+    elif compressor not in COMPRESSORS:
         raise ValueError(f"unknown method {spec.name!r}; known: {', '.join(known_methods())}")
-    params_model = COMPRESSORS[compressor].Params
-    params = params_model(**spec.params).model_dump()
+    else:
+        params = COMPRESSORS[compressor].Params(**spec.params).model_dump()
     rule = spec.rule or (preset.rule if preset else "plain")
-    if rule not in RULES:
+    if rule not in RULES and not plugins.is_reference(rule):
         raise ValueError(f"unknown rule {rule!r}; known: {', '.join(sorted(RULES))}")
     return ResolvedMethod(spec.name, compressor, params, rule, spec.error_feedback, spec.wire.model_dump(), spec.pull.model_dump())
 
@@ -98,11 +114,15 @@ def check_method(spec: MethodSection) -> list[Problem]:
     """Every problem with the method section, with paths like ``method.c``."""
     preset = PRESETS.get(spec.name)
     compressor = preset.compressor if preset else spec.name
-    if compressor not in COMPRESSORS:
-        return [Problem("method.name", f"unknown method {spec.name!r}; known: {', '.join(known_methods())}")]
     problems = []
-    if spec.rule is not None and spec.rule not in RULES:
-        problems.append(Problem("method.rule", f"unknown rule {spec.rule!r}; known: {', '.join(sorted(RULES))}"))
+    if spec.rule is not None and spec.rule not in RULES and not plugins.is_reference(spec.rule):
+        problems.append(Problem("method.rule", f"unknown rule {spec.rule!r}; known: {', '.join(sorted(RULES))}, "
+                                               "or your own: path/file.py:Class"))
+    if plugins.is_reference(compressor):
+        return problems  # a user's class: its parameters are checked when a run imports it
+    if compressor not in COMPRESSORS:
+        return [Problem("method.name", f"unknown method {spec.name!r}; known: {', '.join(known_methods())}, "
+                                       "or your own compressor: path/file.py:Class")]
     if spec.error_feedback and COMPRESSORS[compressor].has_own_memory:
         problems.append(Problem("method.error_feedback", f"{compressor} keeps its own residual"))
     try:
@@ -116,4 +136,4 @@ def check_method(spec: MethodSection) -> list[Problem]:
     return problems
 
 
-__all__ = ["PRESETS", "ResolvedMethod", "resolve", "check_method", "known_methods", "compression"]
+__all__ = ["PRESETS", "ResolvedMethod", "resolve", "check_method", "known_methods", "short_reference", "compression"]

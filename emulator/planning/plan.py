@@ -53,7 +53,7 @@ class EventPlan:
 class Plan:
     name: str
     seed: int
-    model: str
+    model: dict  # name (a built-in, or the absolute reference to a user's model), args, output
     dataset: dict
     training: dict
     method: methods.ResolvedMethod
@@ -317,7 +317,7 @@ def make_plan(s: Scenario) -> Plan:
     training = s.training.model_dump(exclude={"eval_every"})
     training["eval_every"] = s.training.eval_every.to_json()
     return Plan(
-        name=s.name, seed=s.seed, model=s.model, dataset=s.dataset.model_dump(), training=training,
+        name=s.name, seed=s.seed, model=s.model.model_dump(), dataset=s.dataset.model_dump(), training=training,
         method=method, server=server, evaluator=evaluator, workers=tuple(workers),
         events=tuple(events), triggers=triggers, horizon_s=horizon, backend=s.backend,
         checkpoint=s.server.checkpoint.model_dump(),

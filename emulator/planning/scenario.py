@@ -19,6 +19,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     PositiveFloat,
     PositiveInt,
     ValidationError,
@@ -29,7 +30,7 @@ from pydantic import (
 
 from compression.delta import DELTA_VALUES
 
-from emulator import datasets
+from emulator import datasets, plugins
 from emulator.planning import units
 from emulator.planning.distributions import (
     BOUNDS,  # noqa: F401 - emulator/planning/plan.py reads it from here (see __all__)
@@ -142,6 +143,72 @@ class Strict(BaseModel):
         return value
 
 
+def absolute_reference(value: str, info: ValidationInfo | None, kinds: tuple[str, ...] = (".py",)) -> str:
+    """A reference to a user's file (``models/net.py:build``, ``net.keras``) with its path made absolute against
+    the scenario file's folder; ValueError if the file is missing or of another kind. Registry names pass as they are.
+
+    Nothing is imported here: planning stays pure (:mod:`emulator.control.workload` imports, when a run asks)."""
+    if not isinstance(value, str) or not plugins.is_reference(value):
+        return value
+    try:
+        path, attr = plugins.split(value)
+    except plugins.PluginError as error:
+        raise ValueError(str(error)) from None
+    if not any(path.endswith(kind) for kind in kinds):
+        raise ValueError(f"{value!r}: expected a {' or '.join(kinds)} file" + (" and what in it to use (file.py:name)" if ".py" in kinds else ""))
+    if path.endswith(".py") and attr is None:
+        raise ValueError(f"{value!r}: name what in the file to use: {path}:NAME")
+    base = (info.context or {}).get("trace_base") if info is not None else None
+    absolute = plugins.resolve_path(path, base or None)
+    if not absolute.is_file():
+        raise ValueError(f"{path}: no such file" + (f" (looked for {absolute})" if str(absolute) != path else ""))
+    return f"{absolute}:{attr}" if attr else str(absolute)
+
+
+def _model_shorthand(raw):
+    """``model: mlp`` / ``model: models/net.py:build`` / ``model: {file: models/net.py, function: build, args: ..}``."""
+    if isinstance(raw, str):
+        return {"name": raw}
+    if isinstance(raw, dict) and "file" in raw:
+        rest = {k: v for k, v in raw.items() if k not in ("file", "function")}
+        if "name" in raw:
+            raise ValueError("give either name or file (with function), not both")
+        if not isinstance(raw["file"], str):
+            raise ValueError(f"file must be a path, got {raw['file']!r}")
+        function = raw.get("function")
+        if function is None and str(raw["file"]).endswith(".py"):
+            raise ValueError(f"file {raw['file']}: name the function that returns the Keras model (function: build)")
+        return {"name": f"{raw['file']}:{function}" if function else raw["file"], **rest}
+    if isinstance(raw, dict) and "function" in raw:
+        raise ValueError("function goes with file (the Python file that defines it)")
+    return raw
+
+
+class ModelSpec(Strict):
+    """A built-in model, or a user's Keras model: a function in a Python file, or a saved ``.keras`` file."""
+
+    name: str = Field("mnist_cnn", description="mnist_cnn | mlp | path/file.py:function | path/model.keras (relative to the scenario)")
+    args: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the user's function")
+    output: Literal["auto", "logits", "probabilities"] = Field(
+        "auto", description="what a user's model returns per class (auto: probabilities after a softmax layer, else logits)")
+
+    @field_validator("name")
+    @classmethod
+    def _reference(cls, value, info):
+        return absolute_reference(value, info, kinds=(".py", ".keras"))
+
+    @property
+    def is_user(self) -> bool:
+        return plugins.is_reference(self.name)
+
+
+_MODEL_SCHEMA = {"anyOf": [
+    {"type": "string", "description": "mnist_cnn | mlp | path/file.py:function | path/model.keras"},
+    {"type": "object", "additionalProperties": False, "properties": {
+        "name": {"type": "string"}, "file": {"type": "string"}, "function": {"type": "string"},
+        "args": {"type": "object"}, "output": {"enum": ["auto", "logits", "probabilities"]}}}]}
+
+
 class DatasetSpec(Strict):
     name: str = Field("mnist-5k", description="mnist | mnist-5k | fashion-mnist | digits")
     partition: Literal["shards", "iid", "non_iid"] = Field("shards", description="shards: the paper's contiguous split")
@@ -251,6 +318,11 @@ class MethodSpec(BaseModel):
     @property
     def params(self) -> dict:
         return dict(self.model_extra or {})
+
+    @field_validator("name", "rule")
+    @classmethod
+    def _reference(cls, value, info):
+        return absolute_reference(value, info)
 
 
 class CheckpointSpec(Strict):
@@ -387,7 +459,8 @@ class Scenario(Strict):
     name: str = Field(min_length=1, pattern=NAME_PATTERN)
     description: str = ""
     seed: int = Field(0, ge=0, le=2**32 - 1, description="the plan's random draws (the planner uses 32 bits)")
-    model: str = Field("mnist_cnn", description="mnist_cnn | mlp")
+    model: Annotated[ModelSpec, BeforeValidator(_model_shorthand), WithJsonSchema(_MODEL_SCHEMA)] = Field(
+        default_factory=ModelSpec, description="mnist_cnn | mlp | models/net.py:build | {file, function, args, output}")
     dataset: DatasetSpec = DatasetSpec()
     training: TrainingSpec
     method: MethodSpec = MethodSpec()
@@ -421,8 +494,11 @@ def validate(data: dict, source: str = "") -> Scenario:
 
 def _check_names(s: Scenario) -> list[Problem]:
     out = []
-    if s.model not in models.MODELS:
-        out.append(Problem("model", f"unknown model {s.model!r}; known: {', '.join(sorted(models.MODELS))}"))
+    if not s.model.is_user and s.model.name not in models.MODELS:
+        out.append(Problem("model", f"unknown model {s.model.name!r}; known: {', '.join(sorted(models.MODELS))}, "
+                                    "or your own: path/file.py:function"))
+    elif not s.model.is_user and s.model.args:
+        out.append(Problem("model.args", f"the built-in model {s.model.name} takes no arguments"))
     if s.dataset.name not in datasets.DATASETS:
         out.append(Problem("dataset.name", f"unknown dataset {s.dataset.name!r}; known: {', '.join(sorted(datasets.DATASETS))}"))
     names = [g.name for g in s.workers if g.name]
@@ -489,6 +565,6 @@ def json_schema() -> dict:
 
 # BOUNDS belongs to distributions; the plan still imports it with the schema.
 __all__ = ["ACTIONS", "BOUNDS", "MAX_WORKERS", "NAME_PATTERN", "RESERVED_TARGETS", "SERVER_ACTIONS", "CheckpointSpec",
-           "CrashProcess", "DatasetSpec", "EvalSchedule", "EvaluatorSpec", "FaultsSpec", "LinkChange", "MethodSpec",
+           "CrashProcess", "DatasetSpec", "ModelSpec", "absolute_reference", "EvalSchedule", "EvaluatorSpec", "FaultsSpec", "LinkChange", "MethodSpec",
            "PullSpec", "Scenario", "ServerSpec", "SubsetSize", "Targets", "TimedEvent", "TrainingSpec", "Trigger",
            "WireSpec", "WorkerGroup", "json_schema", "resolve_targets", "validate"]

@@ -133,6 +133,7 @@ class ServerConfig(DeviceConfig):
     max_updates: int | None  # None: until the controller says stop
     transport: LinkConfig  # the part of the link the server's own shaper realises
     checkpoint: CheckpointConfig | None  # None: no checkpoints
+    initial: str | None = None  # the initial model, a .npy of float32 the controller wrote; None: the built-in initialisation from seed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,8 +142,10 @@ class ClientConfig(DeviceConfig):
 
     ps: tuple[str, int]  # the parameter server's address as this device sees it
     cpus: float  # the device's CPU share: how many threads are worth using
-    model: str  # :data:`emulator.runtime.models` name
+    model: str  # :data:`emulator.runtime.models.MODELS` name, or a user's model as the device sees it (/workload/net.py:build)
     classes: int
+    model_args: dict = field(default_factory=dict)  # the user's function's keyword arguments
+    model_output: str = "auto"  # what a user's model returns: auto | logits | probabilities
     connect_timeout_s: float = 300.0  # how long to keep trying to reach the server
 
 

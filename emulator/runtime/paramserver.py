@@ -33,7 +33,7 @@ from emulator.runtime import checkpoint, downlink, probe, protocol, rules
 from emulator.runtime.bootstrap import load_config, start
 from emulator.runtime.config import ServerConfig
 from emulator.runtime.downlink import Holding
-from emulator.runtime.models import initial_parameters
+from emulator.runtime.models import initial_parameters, load_initial
 from emulator.runtime.protocol import Flag, MsgType, ProtocolError
 from emulator.runtime.telemetry import Telemetry
 from emulator.runtime.transport import Channel, TransportShaper, tune
@@ -57,7 +57,7 @@ class ParameterServer:
         self.tel = telemetry
         self.token = bytes.fromhex(cfg.token)
         self.layout = Layout.from_json(cfg.layout)
-        self.params = initial_parameters(self.layout, cfg.seed)
+        self.params = initial_parameters(self.layout, cfg.seed) if cfg.initial is None else load_initial(cfg.initial, self.layout)
         self.rule = rules.build(cfg.rule, self.layout, cfg.learning_rate)
         self.max_updates = cfg.max_updates
         # The largest valid update: every coordinate as a raw32 index and an f32 value (8 B);

@@ -31,6 +31,8 @@ from compression import compiled
 from compression.layout import Layout
 from compression.parts import Part
 
+from emulator import plugins
+
 _NO_COUNTERS = np.zeros(0, np.uint32)  # the compiled loop's counter arguments for rules without them
 
 
@@ -71,7 +73,7 @@ class UpdateRule(ABC):
         """:meth:`apply` of an update given as ascending flat ``indices`` and their values
         (:func:`compression.decode_flat`): one compiled loop where it runs, the same numbers."""
         fast = compiled.kernels()
-        if fast is None:
+        if fast is None or type(self)._flat_arguments is UpdateRule._flat_arguments:  # a rule without a compiled form (a user's)
             return self._apply(params, [(indices, values)], worker, staleness)
         rate, touches, at_pull = self._flat_arguments(worker, staleness)
         adaptive = touches is not None
@@ -228,8 +230,21 @@ class AdaComp(UpdateRule):
 RULES: dict[str, type[UpdateRule]] = {cls.name: cls for cls in (Plain, Staleness, AdaComp)}
 
 
+def lookup(name: str) -> type[UpdateRule]:
+    """The rule called ``name`` in :data:`RULES`, or the user's class a reference names (``my_rule.py:MyRule``)."""
+    if not plugins.is_reference(name):
+        try:
+            return RULES[name]
+        except KeyError:
+            raise ValueError(f"unknown update rule {name!r}; known: {', '.join(sorted(RULES))}") from None
+    cls = plugins.load(name)
+    if not (isinstance(cls, type) and issubclass(cls, UpdateRule)):
+        raise plugins.PluginError(f"{name}: is {cls!r}, not a subclass of emulator.runtime.rules.UpdateRule (see docs/OWN_WORKLOAD.md)")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise plugins.PluginError(f"{name}: does not implement {', '.join(missing)} of UpdateRule")
+    return cls
+
+
 def build(name: str, layout: Layout, learning_rate: float) -> UpdateRule:
-    try:
-        return RULES[name](layout, learning_rate)
-    except KeyError:
-        raise ValueError(f"unknown update rule {name!r}; known: {', '.join(sorted(RULES))}") from None
+    return lookup(name)(layout, learning_rate)

@@ -83,12 +83,12 @@ class StepStats:
 
 
 def run(cfg: WorkerConfig, tel) -> int:
-    from emulator.runtime.models import TFModel, get
+    from emulator.runtime.models import TFModel, resolve
 
     index = cfg.worker
     threads = limit_threads(cfg.cpus)
     x, y = load_shard(cfg.shard)
-    model = TFModel(get(cfg.model), x.shape[1:], cfg.classes, threads)
+    model = TFModel(resolve(cfg.model, cfg.model_args, cfg.model_output), x.shape[1:], cfg.classes, threads)
     layout = model.layout
     seed = cfg.seed
     compressor, wire = build_compressor(cfg.method, layout, seed)

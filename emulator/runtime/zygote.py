@@ -29,6 +29,7 @@ import socket
 import sys
 import traceback
 
+from emulator import plugins
 from emulator.runtime import enter
 
 PRELOAD = ("numpy", "tensorflow", "compression", "emulator.runtime.models", "emulator.runtime.worker",
@@ -38,10 +39,14 @@ MODULES = {"worker": "emulator.runtime.worker", "evaluator": "emulator.runtime.e
 PROBE = "probe"  # a container request that enters, says so and exits 0
 
 
-def preload() -> None:
+def preload(user_files: list[str] = ()) -> None:
+    """Import what every device imports: TensorFlow and the device programs, then the user's files
+    of the run (their model, compressor, rule), each once, so forked devices share them too."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     for name in PRELOAD:
         importlib.import_module(name)
+    for path in user_files:
+        plugins.import_file(path)
 
 
 def _child(request: dict) -> None:
@@ -165,8 +170,8 @@ def socket_address(path: str) -> str:
     return "\0" + path[1:] if path.startswith("@") else path
 
 
-def serve(path: str) -> None:
-    preload()
+def serve(path: str, user_files: list[str] = ()) -> None:
+    preload(user_files)
     signal.signal(signal.SIGCHLD, _reap)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_address(path))
@@ -256,14 +261,14 @@ class ZygoteConnection:
 class ZygoteClient:
     """The local backend's handle on its zygote: start it, ask it to fork devices, stop it."""
 
-    def __init__(self, path: str, log: str, env: dict, cwd: str, timeout_s: float = 120.0):
+    def __init__(self, path: str, log: str, env: dict, cwd: str, timeout_s: float = 120.0, user_files: list[str] = ()):
         import subprocess
         import time
 
         self.path = path
         self._conn = None
         self._log = open(log, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "emulator.runtime.zygote", path], env=env, cwd=cwd,
+        self.proc = subprocess.Popen([sys.executable, "-m", "emulator.runtime.zygote", path, *user_files], env=env, cwd=cwd,
                                      stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         line = self.proc.stdout.readline()
@@ -291,4 +296,4 @@ class ZygoteClient:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], sys.argv[2:])  # the address, then the user's files to import

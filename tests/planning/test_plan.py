@@ -489,7 +489,7 @@ def test_training_method_and_dataset_are_resolved():
     assert (m.name, m.compressor, m.params, m.rule, m.error_feedback) == ("comp_c", "topk", {"c": 0.02}, "staleness", True)
     assert m.wire == {"values": "f16", "indices": "raw32"}
     assert plan.dataset["partition"] == "non_iid" and plan.dataset["classes_per_worker"] == 2
-    assert (plan.model, plan.backend, plan.name) == ("mlp", "local", "full-feature.v1")
+    assert (plan.model, plan.backend, plan.name) == ({"name": "mlp", "args": {}, "output": "auto"}, "local", "full-feature.v1")
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,7 @@ def full() -> Scenario:
 def test_full_scenario_top_level(full):
     assert full.name == "full-feature.v1"
     assert full.seed == 42
-    assert full.model == "mlp"
+    assert full.model.name == "mlp" and not full.model.is_user
     assert full.backend == "local"
     assert full.worker_count == 10
     d = full.dataset

@@ -48,6 +48,7 @@ MODULE = "emulator.backends.swarm.agent"  # what the agent's and the janitor's t
 HOST_PROC = "/host/proc"
 MAX_MESSAGE = 64 << 20
 CHUNK_BYTES = 4 << 20
+PUT_FOLDERS = ("data", "workload")  # where the controller may put files on a node: shards; the user's workload
 DEVICE_UID = 10001
 SHIM_DIR = "/opt/edge-emulator-agent/bin"  # in the agent image
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -385,19 +386,23 @@ class Agent:
     # -- the run's files -----------------------------------------------------------------
 
     def op_prepare(self, *, payload=b"") -> dict:
-        """data/ (the shards, read-only for devices) and checkpoint/ (the server's alone)."""
+        """data/ (the shards) and workload/ (the user's files, the initial model), read-only for devices, and
+        checkpoint/ (the server's alone)."""
         base = self.node_dir()
-        os.makedirs(os.path.join(base, "data"), mode=0o755, exist_ok=True)
+        for folder in PUT_FOLDERS:
+            os.makedirs(os.path.join(base, folder), mode=0o755, exist_ok=True)
         checkpoint = os.path.join(base, "checkpoint")
         os.makedirs(checkpoint, mode=0o700, exist_ok=True)
         os.chown(checkpoint, DEVICE_UID, DEVICE_UID)
         os.chmod(checkpoint, 0o700)
         return {"path": f"{self.root}/{self.run_id}/{self.node}"}
 
-    def op_put(self, *, name: str, offset: int, last: bool, payload=b"") -> dict:
+    def op_put(self, *, name: str, offset: int, last: bool, folder: str = "data", payload=b"") -> dict:
         if "/" in name or name in ("", ".", ".."):
             raise AgentError(f"refusing file name {name!r}")
-        data = os.path.join(self.node_dir(), "data")
+        if folder not in PUT_FOLDERS:
+            raise AgentError(f"refusing folder {folder!r}")
+        data = os.path.join(self.node_dir(), folder)
         partial = os.path.join(data, f".{name}.partial")
         with open(partial, "r+b" if offset else "wb") as fh:
             fh.seek(offset)

@@ -42,7 +42,7 @@ from emulator.host import images, links
 from emulator.planning.plan import DevicePlan, LinkPlan
 from emulator.backends.base import Backend, BackendUnavailable, Endpoints, RunContext
 from emulator.runtime.config import DeviceConfig
-from emulator.backends.docker import (CHECKPOINT_MOUNT, CPU_PERIOD_US, DATA_MOUNT, DEVICE_LABEL, DEVICE_UID, LABEL, MODULES, RUN_LABEL,
+from emulator.backends.docker import (WORKLOAD_MOUNT, CHECKPOINT_MOUNT, CPU_PERIOD_US, DATA_MOUNT, DEVICE_LABEL, DEVICE_UID, LABEL, MODULES, RUN_LABEL,
                       SERVER_PORT, START_THREADS, answering_client, client)
 from emulator.backends.subnets import create_network
 from emulator.host.owner import Owner
@@ -175,7 +175,8 @@ class SwarmBackend(Backend):
         self._watcher = threading.Thread(target=self._watch, name="swarm-tasks", daemon=True)
         self._watcher.start()
         server = next(d.name for d in devices if d.role == "server")
-        return Endpoints("127.0.0.1", self.anchor_ip, ("0.0.0.0", SERVER_PORT), (server, SERVER_PORT), DATA_MOUNT, CHECKPOINT_MOUNT)
+        return Endpoints("127.0.0.1", self.anchor_ip, ("0.0.0.0", SERVER_PORT), (server, SERVER_PORT), DATA_MOUNT, CHECKPOINT_MOUNT,
+                         WORKLOAD_MOUNT)
 
     def _create_network(self, devices: int) -> None:
         import docker.types
@@ -240,21 +241,25 @@ class SwarmBackend(Backend):
         return f" (agent tasks: {'; '.join(errors)})" if errors else ""
 
     def _welcome_agent(self, node: str, hello: dict) -> None:
-        """A (re)connected agent: the run's directory on its node, and the data shards in it."""
+        """A (re)connected agent: the run's directory on its node, the data shards and the workload in it."""
         self.hub.call(node, "prepare")
-        for path in sorted(Path(self.ctx.data_dir).iterdir()):
-            if not path.is_file():
-                continue
-            size = path.stat().st_size
-            with open(path, "rb") as fh:
-                offset = 0
-                while True:
-                    chunk = fh.read(agent_wire.CHUNK_BYTES)
-                    last = offset + len(chunk) >= size
-                    self.hub.call(node, "put", chunk, name=path.name, offset=offset, last=last, timeout=300)
-                    offset += len(chunk)
-                    if last:
-                        break
+        for folder, source in (("data", self.ctx.data_dir), ("workload", self.ctx.workload_dir)):
+            for path in sorted(Path(source).iterdir()) if source else ():
+                if path.is_file():
+                    self._put(node, path, folder)
+
+    def _put(self, node: str, path: Path, folder: str) -> None:
+        """One file into ``folder`` of the run's directory on ``node``, in chunks."""
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            offset = 0
+            while True:
+                chunk = fh.read(agent_wire.CHUNK_BYTES)
+                last = offset + len(chunk) >= size
+                self.hub.call(node, "put", chunk, name=path.name, offset=offset, last=last, folder=folder, timeout=300)
+                offset += len(chunk)
+                if last:
+                    break
 
     def mechanisms(self, device):
         features = self.features or links.detect()
@@ -275,6 +280,7 @@ class SwarmBackend(Backend):
 
         node_dir = f"{self.options.node_root}/{self.ctx.run_id}/{{{{.Node.ID}}}}"
         mounts = [T.Mount(DATA_MOUNT, f"{node_dir}/data", type="bind", read_only=True),
+                  T.Mount(WORKLOAD_MOUNT, f"{node_dir}/workload", type="bind", read_only=True),
                   T.Mount("/tmp", None, type="tmpfs", tmpfs_size=256 << 20)]
         if device.role == "server":
             mounts.append(T.Mount(CHECKPOINT_MOUNT, f"{node_dir}/checkpoint", type="bind"))

@@ -1,0 +1,57 @@
+"""Which of a user's files a scenario will run or read: its model, compressor, update rule, data.
+
+Pure: the files are named, never imported (``emulate plan`` lists them; a run imports them in
+:mod:`emulator.control.workload`). A scenario that names none runs no code from outside the package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from emulator import datasets, plugins
+from emulator.planning.plan import Plan
+
+
+@dataclass(frozen=True)
+class UserFile:
+    """One file of the user's that a run uses."""
+
+    field: str  # where the scenario names it: model, method.name, method.rule, dataset.loader, dataset.file
+    role: str  # model | compressor | rule | loader | data
+    path: str  # absolute, on this machine
+    attribute: str | None  # what in it is used (file.py:attribute); None for a file used whole
+    imported: bool  # Python the run imports (on the host, and on devices for model, compressor and rule)
+
+    @property
+    def reference(self) -> str:
+        return f"{self.path}:{self.attribute}" if self.attribute else self.path
+
+    @property
+    def on_devices(self) -> bool:
+        """Whether devices need it (a data set's files and loader are read once, on the host)."""
+        return self.role in DEVICE_ROLES
+
+
+DEVICE_ROLES = ("model", "compressor", "rule")
+
+
+def _code(field: str, role: str, ref: str) -> UserFile:
+    path, attribute = plugins.split(ref)
+    return UserFile(field, role, path, attribute, imported=path.endswith(plugins.PYTHON_SUFFIX))
+
+
+def user_files(plan: Plan) -> list[UserFile]:
+    """Every user file a plan names, in the order a run meets them: data first, then model and method."""
+    out = [UserFile("dataset.loader", role, path, None, imported=True) if role == "loader"
+           else UserFile("dataset.file", role, path, None, imported=False)
+           for role, path in datasets.user_files(plan.dataset)]
+    if plugins.is_reference(plan.model["name"]):
+        out.append(_code("model", "model", plan.model["name"]))
+    if plugins.is_reference(plan.method.compressor):
+        out.append(_code("method.name", "compressor", plan.method.compressor))
+    if plugins.is_reference(plan.method.rule):
+        out.append(_code("method.rule", "rule", plan.method.rule))
+    return out
+
+
+__all__ = ["DEVICE_ROLES", "UserFile", "user_files"]
