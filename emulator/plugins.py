@@ -59,9 +59,9 @@ def split(ref: str) -> tuple[str, str | None]:
         if not attr.isidentifier():
             raise PluginError(f"{ref!r}: {attr!r} is not a Python name")
         return path, attr
-    if ref.endswith(PYTHON_SUFFIX):
+    if not sep or ref.endswith(PYTHON_SUFFIX):
         return ref, None
-    if sep and not path.endswith(PYTHON_SUFFIX) and not ref.endswith(":"):
+    if not path.endswith(PYTHON_SUFFIX) and not ref.endswith(":"):
         return ref, None  # a path with a colon in it (rare), not a reference to an attribute
     raise PluginError(f"{ref!r}: expected file.py:name (a Python file and what in it to use) or a file path")
 
