@@ -1,7 +1,10 @@
 """Boot time and memory of Docker runs, each device importing TensorFlow (``exec``) against devices forked from one zygote.
 
-``python -m benchmarks.boot [--workers 8 32 64] [--modes exec zygote] [--out DIR]`` runs, for each
-worker count and boot mode in the same session, a real run (mnist_cnn, N workers at 0.03 core,
+``python -m benchmarks.boot [--workers 8 32 64] [--modes exec zygote] [--models builtin user] [--repeat N]
+[--out DIR]`` runs, for each worker count, boot mode and model in the same session (models alternating,
+repetition by repetition, so that a pair shares the machine's state), a real run (the paper's CNN:
+the built-in ``mnist_cnn``, or ``user``: the same network written as a user's Keras file,
+``examples/own_workload/paper_cnn.py``, imported through the plug-in path; N workers at 0.03 core,
 server 0.5, evaluator 0.25, 20 s of training, no fidelity probes) and reports from its events:
 ``containers started`` (the controller's ``devices_started``), ``devices ready`` (the last device
 ready: TensorFlow loaded, model warmed up), both from the moment the controller began starting
@@ -27,10 +30,12 @@ from benchmarks.common import dataset_line, docker_and_dataset, run_docker_scena
 from benchmarks.density import MB, meminfo, memory, start_times
 
 CPUS, DURATION_S, RUN_LIMIT_S = 0.03, 20, 900
+USER_CNN = Path(__file__).resolve().parents[1] / "examples" / "own_workload" / "paper_cnn.py"
+MODELS = {"builtin": "mnist_cnn", "user": {"file": str(USER_CNN), "function": "build"}}
 
 
-def scenario(name: str, workers: int, data: dict) -> dict:
-    return {"name": name, "seed": 1, "model": "mnist_cnn", "dataset": {"name": data["name"], "test_size": data["test_size"]},
+def scenario(name: str, workers: int, data: dict, model: str = "builtin") -> dict:
+    return {"name": name, "seed": 1, "model": MODELS[model], "dataset": {"name": data["name"], "test_size": data["test_size"]},
             "training": {"duration": f"{DURATION_S}s", "eval_every": "60s"},
             "server": {"cpus": 0.5}, "evaluator": {"cpus": 0.25}, "workers": [{"count": workers, "cpus": CPUS}]}
 
@@ -56,16 +61,16 @@ class ZygoteWatch(threading.Thread):
                     self.cpu_s = max(self.cpu_s, usage.get("cpu_s", 0.0))
 
 
-def one(docker, image: str, tmp: str, workers: int, mode: str, data: dict) -> dict:
+def one(docker, image: str, tmp: str, workers: int, mode: str, data: dict, model: str = "builtin", repeat: int = 0) -> dict:
     from emulator.control.rundir import read_jsonl
 
-    name = f"bench-boot-{mode}-{workers}"
+    name = f"bench-boot-{mode}-{model}-{workers}-{repeat}"
     watch = ZygoteWatch(docker, name)  # the run id, and so the container's name, holds the scenario's
     watch.start()
     available = meminfo()["MemAvailable"]
-    out: dict = {"workers": workers, "mode": mode, "mem_available_before": available}
+    out: dict = {"workers": workers, "mode": mode, "model": model, "repeat": repeat, "mem_available_before": available}
     try:
-        summary, path = run_docker_scenario(scenario(name, workers, data), tmp, image=image, check_fidelity=False,
+        summary, path = run_docker_scenario(scenario(name, workers, data, model), tmp, image=image, check_fidelity=False,
                                             limit_s=RUN_LIMIT_S, boot=mode)
     except Exception as exc:  # noqa: BLE001 - reported
         return {**out, "error": f"{type(exc).__name__}: {exc}"}
@@ -96,7 +101,7 @@ def one(docker, image: str, tmp: str, workers: int, mode: str, data: dict) -> di
     return out
 
 
-def run(workers=(8, 32, 64), modes=("exec", "zygote"), runs: str | None = None) -> dict:
+def run(workers=(8, 32, 64), modes=("exec", "zygote"), runs: str | None = None, models=("builtin",), repeat: int = 1) -> dict:
     data, cannot = docker_and_dataset()
     if cannot:
         return cannot
@@ -112,11 +117,28 @@ def run(workers=(8, 32, 64), modes=("exec", "zygote"), runs: str | None = None) 
             tmp = runs
         for n in workers:
             for mode in modes:
-                print(f"boot benchmark: {n} workers, boot {mode}", file=sys.stderr, flush=True)
-                row = one(docker, image, tmp, n, mode, data)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-                result["runs"].append(row)
+                for r in range(repeat):
+                    for model in models:
+                        print(f"boot benchmark: {n} workers, boot {mode}, model {model}, repetition {r}", file=sys.stderr, flush=True)
+                        row = one(docker, image, tmp, n, mode, data, model, r)
+                        print(json.dumps(row), file=sys.stderr, flush=True)
+                        result["runs"].append(row)
+    result["user_over_builtin"] = ratios(result["runs"])
     return result
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """Per worker count, boot mode and repetition: the user model's times over the built-in's, pair by pair."""
+    by_key = {(r["workers"], r["mode"], r.get("repeat", 0), r.get("model", "builtin")): r for r in rows if not r.get("error")}
+    out = []
+    for (n, mode, rep, model), user in sorted(by_key.items()):
+        builtin = by_key.get((n, mode, rep, "builtin"))
+        if model != "user" or builtin is None:
+            continue
+        out.append({"workers": n, "mode": mode, "repeat": rep, **{
+            key: round(user[key] / builtin[key], 3) if user.get(key) and builtin.get(key) else None
+            for key in ("devices_ready_s", "boot_s", "boot_cpu_s")}})
+    return out
 
 
 def _s(value) -> str:
@@ -131,19 +153,25 @@ def markdown(result: dict) -> list[str]:
     if "runs" not in result:
         return [f"not run: {result.get('skipped') or result.get('error')}"]
     lines = [dataset_line(result["dataset"]), "",
-             "| workers | boot | prepare (s) | containers started (s) | all devices ready (s) | boot_s | boot CPU (s) | updates | "
+             "| workers | boot | model | prepare (s) | containers started (s) | all devices ready (s) | boot_s | boot CPU (s) | updates | "
              "PSS per worker (MB) | server / evaluator (MB) | zygote (MB) | all devices (MB) | workers that fit |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in result["runs"]:
         if row.get("error"):
-            lines.append(f"| {row['workers']} | {row['mode']} | failed: {row['error']} ||||||||||||")
+            lines.append(f"| {row['workers']} | {row['mode']} | {row.get('model', 'builtin')} | failed: {row['error']} ||||||||||||")
             continue
         mem = row.get("memory", {})
         lines.append(
-            f"| {row['workers']} | {row['mode']} | {_s(row.get('prepare_s'))} | {_s(row.get('containers_started_s'))} | "
+            f"| {row['workers']} | {row['mode']} | {row.get('model', 'builtin')} | {_s(row.get('prepare_s'))} | {_s(row.get('containers_started_s'))} | "
             f"{_s(row.get('devices_ready_s'))} | {_s(row.get('boot_s'))} | {_s(row.get('boot_cpu_s'))} | {row.get('updates')} | "
             f"{_mb(mem.get('worker_pss_bytes'))} | {_mb(mem.get('server_pss_bytes'))} / {_mb(mem.get('evaluator_pss_bytes'))} | "
             f"{_mb(row.get('zygote_pss_bytes'))} | {_mb(mem.get('total_pss_bytes'))} | {row.get('workers_that_fit', 'n/a')} |")
+    if result.get("user_over_builtin"):
+        lines += ["", "The user's Keras CNN over the built-in, pair by pair (the same network; 1.0: no cost):", "",
+                  "| workers | boot | repetition | all devices ready | boot_s | boot CPU |", "|---:|---|---:|---:|---:|---:|"]
+        for r in result["user_over_builtin"]:
+            cells = " | ".join("n/a" if r[k] is None else f"{r[k]:.2f}x" for k in ("devices_ready_s", "boot_s", "boot_cpu_s"))
+            lines.append(f"| {r['workers']} | {r['mode']} | {r['repeat']} | {cells} |")
     return lines
 
 
@@ -152,9 +180,12 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[8, 32, 64])
     parser.add_argument("--modes", nargs="+", choices=("exec", "zygote"), default=["exec", "zygote"])
     parser.add_argument("--out", default=".bench", help="directory for boot.json and boot.md")
+    parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=["builtin"],
+                        help="builtin: mnist_cnn; user: the same CNN as a user's Keras file (examples/own_workload/paper_cnn.py)")
+    parser.add_argument("--repeat", type=int, default=1, help="repetitions of each (models alternate within one)")
     parser.add_argument("--runs", help="keep the run directories here (default: a temporary directory)")
     args = parser.parse_args(argv)
-    result = run(args.workers, args.modes, args.runs)
+    result = run(args.workers, args.modes, args.runs, args.models, args.repeat)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "boot.json").write_text(json.dumps(result, indent=1))

@@ -24,6 +24,8 @@ Method specs, a mini-syntax for the command line::
 
     NAME[:KEY=VALUE]...        adacomp   dgc   qsgd:s=4   topk:c=0.001:error_feedback=true
                                topk:c=0.01:rule=staleness:wire.values=f16
+                               my/sign_topk.py:SignTopK:c=0.05   (a user's compressor, its path
+                               read from where the command is typed; labelled sign_topk.py:SignTopK)
 
 ``NAME`` is a preset or a compressor, as ``method.name`` in a scenario; each ``KEY=VALUE`` is
 ``--set method.KEY=VALUE`` (the value read as YAML, dotted keys reach into ``wire``; ``:`` only
@@ -107,8 +109,15 @@ def parse_method_spec(text: str) -> MethodSpec:
     another section of the scenario: then it is set for this method's run only
     (``asgd:training.learning_rate=0.05``: each method at its own step size)."""
     name, *pairs = text.strip().split(":")
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise ScenarioError([Problem("method", f"{text!r}: expected NAME[:KEY=VALUE]..., e.g. qsgd:s=4")])
+    label = text.strip()
+    if name.endswith(".py") and pairs:  # a user's compressor, file.py:Class: the class is part of the name
+        attribute = pairs.pop(0)
+        typed = Path(name).expanduser()
+        label = ":".join([f"{typed.name}:{attribute}", *pairs])
+        name = f"{typed.absolute() if typed.is_file() else name}:{attribute}"  # typed here: relative to where it is typed
+    elif not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ScenarioError([Problem("method", f"{text!r}: expected NAME[:KEY=VALUE]..., e.g. qsgd:s=4, "
+                                               "or your own compressor: path/file.py:Class[:KEY=VALUE]...")])
     overrides = [f"method={json.dumps({'name': name})}"]
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -119,7 +128,7 @@ def parse_method_spec(text: str) -> MethodSpec:
         key = key.strip()
         section = re.split(r"[.\[]", key, maxsplit=1)[0]
         overrides.append(f"{key}={value}" if section in RUN_SECTIONS and key != section else f"method.{key}={value}")
-    return MethodSpec(text.strip(), tuple(overrides))
+    return MethodSpec(label, tuple(overrides))
 
 
 def compare(scenario_path, methods: list[str], out_root, *, backend: str = "local", overrides=(),

@@ -29,7 +29,7 @@ def run(cfg: EvaluatorConfig, tel) -> int:
 
     threads = limit_threads(cfg.cpus)
     x, y = load_shard(cfg.test_set)
-    model = TFModel(resolve(cfg.model, cfg.model_args, cfg.model_output), x.shape[1:], cfg.classes, threads)
+    model = TFModel(resolve(cfg.model, cfg.model_args, cfg.model_output, checked=True), x.shape[1:], cfg.classes, threads)
     every_updates, every_s = cfg.eval_every_updates, cfg.eval_every_s
 
     def join() -> Channel:

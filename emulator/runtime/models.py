@@ -140,10 +140,11 @@ class ModelError(plugins.PluginError):
     """A user's model that cannot train here; the message names the file and what is wrong."""
 
 
-def resolve(name: str, args: dict | None = None, output: str = "auto") -> ModelDef:
+def resolve(name: str, args: dict | None = None, output: str = "auto", checked: bool = False) -> ModelDef:
     """The model called ``name`` in :data:`MODELS`, or the user's Keras model a reference names
     (``path/file.py:function`` or ``path/net.keras``), built with ``args``; one object per process
-    and arguments, so every caller sees the same tensors."""
+    and arguments, so every caller sees the same tensors. ``checked``: the controller has built and
+    checked this model for the run already (devices): its trial forward pass is not repeated."""
     if not plugins.is_reference(name):
         if args:
             raise ModelError(f"model {name!r} is built in and takes no arguments (got {sorted(args)})")
@@ -151,7 +152,7 @@ def resolve(name: str, args: dict | None = None, output: str = "auto") -> ModelD
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the user's file loads TensorFlow: its banner is not theirs
     key = (name, repr(sorted((args or {}).items())), output)
     if key not in _USER_MODELS:
-        _USER_MODELS[key] = KerasModel(name, dict(args or {}), output)
+        _USER_MODELS[key] = KerasModel(name, dict(args or {}), output, checked)
     return _USER_MODELS[key]
 
 
@@ -169,7 +170,7 @@ class KerasModel(ModelDef):
     without the batch axis), ``classes`` (an int) and the scenario's ``args``.
     """
 
-    def __init__(self, ref: str, args: dict, output: str = "auto"):
+    def __init__(self, ref: str, args: dict, output: str = "auto", checked: bool = False):
         if output not in OUTPUTS:
             raise ModelError(f"model output {output!r}: expected one of {', '.join(OUTPUTS)}")
         path, attr = plugins.split(ref)
@@ -178,6 +179,7 @@ class KerasModel(ModelDef):
         object.__setattr__(self, "attr", attr)
         object.__setattr__(self, "args", args)
         object.__setattr__(self, "output", output)
+        object.__setattr__(self, "checked", checked)
         object.__setattr__(self, "_built", {})  # (input shape, classes) -> the keras.Model built for them
         object.__setattr__(self, "_states", {})  # ... -> its non-trainable state as this process's tf.Variables
         super().__init__(ref, f"the user's Keras model {ref}", self._layout, self._forward, self._initial)
@@ -205,6 +207,8 @@ class KerasModel(ModelDef):
             model = plugins.call(function, **self._arguments(function, shape, classes), what=f"{self.ref}")
         if not isinstance(model, keras.Model):
             raise ModelError(f"{self.ref}: returned {type(model).__name__}, not a keras.Model")
+        if self.checked and model.built:
+            return model  # a device: the controller ran the checks below on this model for this run
         try:
             out = plugins.call(model, np.zeros((2, *shape), np.float32), what=f"the model of {self.ref} on inputs of shape {shape}")
         except plugins.UserCodeError as error:

@@ -88,7 +88,7 @@ def run(cfg: WorkerConfig, tel) -> int:
     index = cfg.worker
     threads = limit_threads(cfg.cpus)
     x, y = load_shard(cfg.shard)
-    model = TFModel(resolve(cfg.model, cfg.model_args, cfg.model_output), x.shape[1:], cfg.classes, threads)
+    model = TFModel(resolve(cfg.model, cfg.model_args, cfg.model_output, checked=True), x.shape[1:], cfg.classes, threads)
     layout = model.layout
     seed = cfg.seed
     compressor, wire = build_compressor(cfg.method, layout, seed)
