@@ -21,7 +21,7 @@ from pathlib import Path
 
 import click
 
-from emulator import backends
+from emulator import backends, datasets
 from emulator.control import cleanup  # used as backends.choose, cleanup.clean_all, checks.diagnose: the seams tests replace
 from emulator.control import doctor as checks
 from emulator.backends import BackendUnavailable
@@ -195,7 +195,7 @@ def render_plan(p) -> str:
     t = p.training
     lines = [
         f"scenario {p.name} (seed {p.seed}, plan {p.digest()})",
-        f"model {p.model}; dataset {p.dataset['name']} ({p.dataset['partition']}); method {p.method.name} "
+        f"model {p.model}; dataset {datasets.display_name(p.dataset)} ({p.dataset['partition']}); method {p.method.name} "
         f"= compressor {p.method.compressor} {p.method.params or ''} + rule {p.method.rule}"
         + (" + error feedback" if p.method.error_feedback else "") + (f" + pull {p.method.pull_label}" if p.method.pull_label else ""),
         f"training: batch {t['batch_size']}, alpha {t['learning_rate']}, until "
