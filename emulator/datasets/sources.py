@@ -121,14 +121,27 @@ def load(dataset: str | Mapping[str, Any] | Any, path: PathLike | None = None) -
     if not isinstance(dataset, str):
         spec = user.spec_dict(dataset)
         if user.source_kind(spec) != "name":
-            raw = user.read(spec)
-            return make(user.display_name(spec), raw.source, *(raw.arrays[k] for k in user.ARRAYS),
-                        class_names=raw.class_names, origin=raw.origin, field=raw.field)
+            return _users(spec)
         dataset, path = spec.get("name") or user.DEFAULT_DATASET, spec.get("path")
     name = dataset
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(sorted(DATASETS))}")
     return DATASETS[name](None if path is None else os.fspath(path))
+
+
+_LATEST_USERS: dict[tuple, Dataset] = {}
+
+
+def _users(spec: dict) -> Dataset:
+    """A user's data set, the latest one kept while its files stay as they were: a run checks it and
+    then shards it, and calls a loader once for both."""
+    key = user.fingerprint(spec)
+    if key not in _LATEST_USERS:
+        _LATEST_USERS.clear()
+        raw = user.read(spec)
+        _LATEST_USERS[key] = make(user.display_name(spec), raw.source, *(raw.arrays[k] for k in user.ARRAYS),
+                                  class_names=raw.class_names, origin=raw.origin, field=raw.field)
+    return _LATEST_USERS[key]
 
 
 @dataclass(frozen=True)

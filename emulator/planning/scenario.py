@@ -10,6 +10,7 @@ method). Unknown keys are errors everywhere; a problem names its field
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import typing
@@ -210,6 +211,15 @@ class DatasetSpec(Strict):
         if attr is None or not path.endswith(plugins.PYTHON_SUFFIX):
             raise ValueError(f"expected path/to/file.py:function (a Python file and the function in it), got {value!r}")
         return f"{plugins.resolve_path(path, _scenario_folder(info))}:{attr}"
+
+    @field_validator("args")
+    @classmethod
+    def _plain_values(cls, value):
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"the loader's arguments are numbers, strings, booleans, lists and mappings ({error})") from None
+        return value
 
     @field_validator(*sorted(set().union(*datasets.SOURCE_OPTIONS.values())))
     @classmethod

@@ -536,3 +536,39 @@ def test_facts_of_a_users_data_are_remembered_until_the_file_changes(tmp_path, m
     write_npz(tmp_path / "d.npz", y_test=np.arange(12) % 2)
     assert datasets.facts(section).test_examples == 12 and len(reads) == 2
     assert json.dumps(section)  # the plan carries it as JSON
+
+
+def test_a_run_calls_the_loader_once_for_the_check_and_the_shards(tmp_path):
+    calls = tmp_path / "calls"
+    write_loader(tmp_path, f"def counted():\n    open({str(calls)!r}, 'a').write('x')\n    return tuple_of_four()\n" + LOADER)
+    scenario = load_scenario(scenario_file(tmp_path, {"loader": "load_data.py:counted"}))[0]
+    found = check_dataset(scenario, run_code=True)
+    shards = prepare_shards(scenario.dataset.model_dump(), 3, seed=0, cache_dir=tmp_path / "cache")
+    assert calls.read_text() == "x"
+    assert shards.sha256 == found.sha256 and sum(shards.shard_sizes) == found.train_examples == 30
+
+
+def test_a_loaders_args_must_be_plain_values(tmp_path):
+    path = tmp_path / "scenario.yaml"
+    path.write_text("name: t\ntraining: {max_updates: 1}\nworkers: [{count: 1}]\n"
+                    "dataset: {loader: l.py:load, args: {since: 2024-01-01}}\n")  # YAML reads a date
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(path)
+    assert caught.value.problems[0].path == "dataset.args" and "numbers, strings" in caught.value.problems[0].message
+
+
+def test_a_file_that_is_neither_npz_csv_nor_folder_is_named(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros(3))
+    path, message = refused(tmp_path, {"file": "x.npy"})
+    assert path == "dataset.file" and message.startswith(f"{tmp_path / 'x.npy'}: expected a .npz, a .csv, or a folder")
+
+
+def test_switching_a_built_in_scenario_to_a_file_on_the_command_line(tmp_path):
+    write_csv(tmp_path / "iris.csv")
+    scenario = scenario_file(tmp_path, {"name": "digits"})
+    both = CliRunner().invoke(main, ["plan", str(scenario), "--set", "dataset.file=iris.csv"])
+    assert both.exit_code == 2 and "got name and file" in both.output
+    switched = CliRunner().invoke(main, ["plan", str(scenario), "--set", "dataset.name=null", "--set", "dataset.file=iris.csv",
+                                         "--set", "dataset.label=species"])
+    assert switched.exit_code == 0, switched.output
+    assert "dataset iris.csv (shards)" in switched.output
