@@ -21,7 +21,7 @@ from pathlib import Path
 
 import click
 
-from emulator import backends
+from emulator import backends, datasets
 from emulator.control import cleanup  # used as backends.choose, cleanup.clean_all, checks.diagnose: the seams tests replace
 from emulator.control import doctor as checks
 from emulator.control import workload
@@ -94,7 +94,7 @@ def _load(path: str, overrides: tuple[str, ...], run_code: bool = False):
     try:
         scenario, raw = load_scenario(path, list(overrides))
         plan = make_plan(scenario)
-        found = check_dataset(scenario)  # a missing or too small dataset is bad input, found before anything runs
+        found = check_dataset(scenario, run_code=run_code)  # missing or too small data: bad input, found before anything runs
         if run_code:
             workload.check(plan, user_files(plan), found.input_shape, found.classes)
     except ScenarioError as exc:
@@ -204,7 +204,7 @@ def render_plan(p) -> str:
     t = p.training
     lines = [
         f"scenario {p.name} (seed {p.seed}, plan {p.digest()})",
-        f"model {p.model['name']}; dataset {p.dataset['name']} ({p.dataset['partition']}); method {p.method.label} "
+        f"model {p.model['name']}; dataset {datasets.display_name(p.dataset)} ({p.dataset['partition']}); method {p.method.label} "
         f"= compressor {p.method.compressor} {p.method.params or ''} + rule {p.method.rule}"
         + (" + error feedback" if p.method.error_feedback else "") + (f" + pull {p.method.pull_label}" if p.method.pull_label else ""),
         f"training: batch {t['batch_size']}, alpha {t['learning_rate']}, until "
@@ -294,7 +294,7 @@ def check(target, params, overrides):
         if params:
             _fail("--param: give a scenario's parameters in its method section (or with --set method.KEY=VALUE)")
         scenario, _, resolved = _load(target, overrides, run_code=True)
-        found = check_dataset(scenario)
+        found = check_dataset(scenario, run_code=True)
         layout = workload.model_of(resolved).layout(found.input_shape, found.classes)
         try:
             results = workload.scenario_check(resolved, user_files(resolved), layout)

@@ -195,10 +195,14 @@ class _Data:
 
         scenario, _ = load_scenario(path, list(overrides))
         make_plan(scenario)
+        if datasets.source_kind(scenario.dataset) == "loader":
+            check_dataset(scenario)  # plans as emulate plan does: the loader's file exists, and is not imported
+            return
         try:
-            datasets.facts(scenario.dataset.name, scenario.dataset.path)
+            datasets.facts(scenario.dataset)
         except datasets.DatasetUnavailable:
-            self.missing[scenario.dataset.name] = f"data set {scenario.dataset.name!r} is not on this machine (emulate doctor)"
+            name = datasets.display_name(scenario.dataset)
+            self.missing[name] = f"data set {name!r} is not on this machine (emulate doctor)"
             return
         check_dataset(scenario)
 

