@@ -17,6 +17,7 @@ import inspect
 import os
 import random
 import re
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -149,11 +150,28 @@ def resolve(name: str, args: dict | None = None, output: str = "auto", checked: 
         if args:
             raise ModelError(f"model {name!r} is built in and takes no arguments (got {sorted(args)})")
         return get(name)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before the user's file loads TensorFlow: its banner is not theirs
+    _load_tensorflow_quietly()  # before the user's file loads it: its banner on stderr is no message for them
     key = (name, repr(sorted((args or {}).items())), output)
     if key not in _USER_MODELS:
         _USER_MODELS[key] = KerasModel(name, dict(args or {}), output, checked)
     return _USER_MODELS[key]
+
+
+def _load_tensorflow_quietly() -> None:
+    """Import TensorFlow with the process's stderr closed for the while: its native libraries print
+    banners there whatever TF_CPP_MIN_LOG_LEVEL says. An import error still raises, with its message."""
+    if "tensorflow" in sys.modules:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 _USER_MODELS: dict[tuple, "KerasModel"] = {}

@@ -254,6 +254,22 @@ def test_quickstart_on_swarm_matches_docker(swarm, runtime_image, tmp_path):
 
 @pytest.mark.docker
 @pytest.mark.slow
+def test_a_users_own_workload_is_shipped_to_the_nodes(swarm, runtime_image, tmp_path):
+    """examples/own_workload on Swarm: the user's model and compressor reach the node (shipped beside
+    the shards, mounted read-only at /workload), no image is rebuilt for them, and it trains."""
+    example = ROOT / "examples" / "own_workload"
+    summary, run = run_scenario(example / "scenario.yaml", tmp_path, backend="swarm", check_fidelity=False,
+                                overrides=("method={name: sign_topk.py:SignTopK, c: 0.05, error_feedback: true}",))
+    assert summary["status"] == "completed" and summary["final_accuracy"] > 0.5  # four activities: chance 0.25
+    assert summary["method"] == "sign_topk.py:SignTopK"
+    copies = {f["role"]: f["copy"] for f in read_json(run / "workload.json")["files"] if "copy" in f}
+    assert copies == {"model": "workload/model.py", "compressor": "workload/sign_topk.py"}
+    log = (run / "logs" / "worker-0.log").read_text()
+    assert "Traceback" not in log
+
+
+@pytest.mark.docker
+@pytest.mark.slow
 def test_links_and_cpu_quotas_measure_as_configured_on_swarm(swarm, runtime_image, tmp_path):
     summary, run = run_scenario(TEST_SCENARIOS / "docker-shaping.yaml", tmp_path, backend="swarm")
     assert summary["status"] == "completed"
