@@ -87,17 +87,7 @@ def register(cls: type[Compressor]) -> type[Compressor]:
 def lookup(name: str) -> type[Compressor]:
     """The compressor class called ``name`` in :data:`COMPRESSORS`, or the user's class a reference names
     (``path/my_compressor.py:MyCompressor``); ValueError naming what is wrong otherwise."""
-    if not plugins.is_reference(name):
-        try:
-            return COMPRESSORS[name]
-        except KeyError:
-            raise ValueError(f"unknown compressor {name!r}; known: {', '.join(sorted(COMPRESSORS))}") from None
-    cls = plugins.load(name)
-    if not (isinstance(cls, type) and issubclass(cls, Compressor)):
-        raise plugins.PluginError(f"{name}: is {cls!r}, not a subclass of compression.Compressor (see docs/OWN_WORKLOAD.md)")
-    missing = sorted(getattr(cls, "__abstractmethods__", ()))
-    if missing:
-        raise plugins.PluginError(f"{name}: does not implement {', '.join(missing)} of compression.Compressor")
+    cls = plugins.lookup(name, COMPRESSORS, Compressor, "compressor", "compression.Compressor")
     if not (isinstance(cls.Params, type) and issubclass(cls.Params, Params)):
         raise plugins.PluginError(f"{name}: its Params must subclass compression.Params (a pydantic model), got {cls.Params!r}")
     return cls

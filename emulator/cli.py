@@ -94,9 +94,10 @@ def _load(path: str, overrides: tuple[str, ...], run_code: bool = False):
     try:
         scenario, raw = load_scenario(path, list(overrides))
         plan = make_plan(scenario)
-        found = check_dataset(scenario, run_code=run_code)  # missing or too small data: bad input, found before anything runs
         if run_code:
-            workload.check(plan, user_files(plan), found.input_shape, found.classes)
+            workload.check_scenario(scenario, plan)  # as a run does first: the user's files imported and checked
+        else:
+            check_dataset(scenario)  # missing or too small data: bad input, found before anything runs
     except ScenarioError as exc:
         if not exc.source:
             exc = ScenarioError(exc.problems, path)
@@ -294,8 +295,7 @@ def check(target, params, overrides):
         if params:
             _fail("--param: give a scenario's parameters in its method section (or with --set method.KEY=VALUE)")
         scenario, _, resolved = _load(target, overrides, run_code=True)
-        found = check_dataset(scenario, run_code=True)
-        layout = workload.model_of(resolved).layout(found.input_shape, found.classes)
+        layout = workload.check_scenario(scenario, resolved)  # done by _load: its results are cached
         try:
             results = workload.scenario_check(resolved, user_files(resolved), layout)
         except (plugins.PluginError, ScenarioError) as exc:

@@ -130,6 +130,25 @@ def load(ref: str, base: str | os.PathLike | None = None) -> Any:
         raise PluginError(f"{path}: defines no {attr!r}" + (f"; it defines: {', '.join(defined)}" if defined else "")) from None
 
 
+def lookup(name: str, registry: dict, base: type, kind: str, base_name: str) -> type:
+    """A class by name: ``registry[name]`` for a built-in, else the user's subclass of ``base`` that the
+    reference ``name`` names (``file.py:Class``), checked to be one and to implement its abstract methods.
+
+    ValueError listing the known names for an unknown name; PluginError naming the file otherwise."""
+    if not is_reference(name):
+        try:
+            return registry[name]
+        except KeyError:
+            raise ValueError(f"unknown {kind} {name!r}; known: {', '.join(sorted(registry))}") from None
+    cls = load(name)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise PluginError(f"{name}: is {cls!r}, not a subclass of {base_name} (see docs/OWN_WORKLOAD.md)")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise PluginError(f"{name}: does not implement {', '.join(missing)} of {base_name}")
+    return cls
+
+
 def call(fn: Callable, *args, what: str, **kwargs) -> Any:
     """``fn(*args, **kwargs)``, what it raises turned into :class:`UserCodeError` with the user's frames.
 
@@ -161,5 +180,5 @@ def file_digest(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["PluginError", "UserCodeError", "call", "file_digest", "import_file", "is_reference", "load", "module_name",
+__all__ = ["PluginError", "UserCodeError", "call", "file_digest", "import_file", "is_reference", "load", "lookup", "module_name",
            "resolve_path", "split", "user_frames"]

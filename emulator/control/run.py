@@ -29,12 +29,11 @@ import yaml
 from emulator import backends
 from emulator.control import controller, workload  # used as backends.choose and controller.Emulation: the seams tests replace
 from emulator.backends import Backend
-from emulator.planning.plan import check_dataset, make_plan
+from emulator.planning.plan import make_plan
 from emulator.planning.problems import ScenarioError
 from emulator.control.rundir import RunDirectory, check_new
 from emulator.planning.loader import load_scenario
 from emulator.planning.scenario import Scenario
-from emulator.planning.workload import user_files
 
 
 @dataclass(frozen=True)
@@ -85,8 +84,7 @@ def run_scenario(scenario: str | Path | Scenario, out_root: str | Path = "runs",
         if source is not None:
             scenario = load_scenario(source, list(overrides))[0]
         plan = make_plan(scenario)
-        found = check_dataset(scenario, run_code=True)  # missing, malformed or too small data: bad input, found first
-        workload.check(plan, user_files(plan), found.input_shape, found.classes)  # the user's code, imported here first
+        workload.check_scenario(scenario, plan)  # the data set and the user's code, imported and checked here first
     except ScenarioError as exc:
         if exc.source or source is None:
             raise

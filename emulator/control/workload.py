@@ -30,9 +30,10 @@ import compression
 from compression.layout import Layout
 
 from emulator import plugins
-from emulator.planning.plan import Plan
+from emulator.planning.plan import Plan, check_dataset
+from emulator.planning.scenario import Scenario
 from emulator.planning.problems import Problem, ScenarioError, problems_from
-from emulator.planning.workload import UserFile
+from emulator.planning.workload import UserFile, user_files
 from emulator.runtime import contract, models, rules
 from emulator.runtime.models import save_initial
 
@@ -45,6 +46,13 @@ def model_of(plan: Plan) -> models.ModelDef:
     """The plan's model (built in, or the user's, built once per process)."""
     spec = plan.model
     return models.resolve(spec["name"], spec.get("args") or {}, spec.get("output", "auto"))
+
+
+def check_scenario(scenario: Scenario, plan: Plan) -> Layout:
+    """Everything a run checks before it starts anything: its data set (a loader of the user's imported and
+    called), then :func:`check`. The model's layout; ScenarioError naming the field otherwise."""
+    found = check_dataset(scenario, run_code=True)
+    return check(plan, user_files(plan), found.input_shape, found.classes)
 
 
 def check(plan: Plan, files: list[UserFile], input_shape: tuple[int, ...], classes: int) -> Layout:
@@ -190,4 +198,4 @@ def _size(path: str) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
 
 
-__all__ = ["Bundle", "FOLDER", "INITIAL", "MANIFEST", "check", "contract_check", "model_of", "scenario_check", "write"]
+__all__ = ["Bundle", "FOLDER", "INITIAL", "MANIFEST", "check", "check_scenario", "contract_check", "model_of", "scenario_check", "write"]

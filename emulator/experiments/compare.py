@@ -68,6 +68,7 @@ from analysis.sweep import CONFIDENCE, mean_ci  # the project's one Student-t in
 from emulator import backends  # backends.choose, the seam tests replace
 from emulator.planning.plan import Plan, make_plan
 from emulator.control.rundir import completed_summary, read_jsonl, set_aside, write_json_atomic
+from emulator.control import workload
 from emulator.control.run import RunFailed, run_scenario
 from emulator.planning.loader import load_scenario
 from emulator.planning.problems import Problem, ScenarioError
@@ -221,7 +222,13 @@ def _plan_runs(scenario_path, specs: list[MethodSpec], overrides, repeat: int) -
                 sets.append(f"seed={repetition_seed(scenario.seed, r)}")
                 scenario = load_scenario(scenario_path, sets)[0]
             run_id = f"{i:02d}-{spec.slug}" + (f"-r{r}" if repeat > 1 else "")
-            planned.append(PlannedRun(spec, run_id, r, scenario.seed, tuple(sets), scenario, make_plan(scenario)))
+            plan = make_plan(scenario)
+            if r == 0:  # each method's data set and user files, imported and checked before any run starts
+                try:
+                    workload.check_scenario(scenario, plan)
+                except ScenarioError as exc:
+                    raise ScenarioError([Problem(f"-m {spec.label}: {p.path}", p.message) for p in exc.problems]) from None
+            planned.append(PlannedRun(spec, run_id, r, scenario.seed, tuple(sets), scenario, plan))
     return planned
 
 

@@ -52,7 +52,8 @@ from typing import Callable, Protocol
 
 import yaml
 
-from emulator.planning.plan import check_dataset, make_plan
+from emulator.control import workload
+from emulator.planning.plan import make_plan
 from emulator.control.run import RunFailed, run_scenario
 from emulator.control.rundir import completed_summary, set_aside, write_json_atomic
 from emulator.planning.loader import load_scenario
@@ -223,7 +224,7 @@ class Sweep:
             base = [*self.overrides, *grid_sets]
             try:
                 scenario, raw = load_scenario(self.scenario, base)
-                check_dataset(scenario)  # the seed does not change the data set's sizes
+                workload.check_scenario(scenario, make_plan(scenario))  # data and user files; the seed changes neither
                 for r in range(self.repeat):
                     seed = repetition_seed(scenario.seed, r)
                     overrides = tuple(base + ([f"seed={seed}"] if r else []))

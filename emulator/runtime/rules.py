@@ -232,18 +232,7 @@ RULES: dict[str, type[UpdateRule]] = {cls.name: cls for cls in (Plain, Staleness
 
 def lookup(name: str) -> type[UpdateRule]:
     """The rule called ``name`` in :data:`RULES`, or the user's class a reference names (``my_rule.py:MyRule``)."""
-    if not plugins.is_reference(name):
-        try:
-            return RULES[name]
-        except KeyError:
-            raise ValueError(f"unknown update rule {name!r}; known: {', '.join(sorted(RULES))}") from None
-    cls = plugins.load(name)
-    if not (isinstance(cls, type) and issubclass(cls, UpdateRule)):
-        raise plugins.PluginError(f"{name}: is {cls!r}, not a subclass of emulator.runtime.rules.UpdateRule (see docs/OWN_WORKLOAD.md)")
-    missing = sorted(getattr(cls, "__abstractmethods__", ()))
-    if missing:
-        raise plugins.PluginError(f"{name}: does not implement {', '.join(missing)} of UpdateRule")
-    return cls
+    return plugins.lookup(name, RULES, UpdateRule, "update rule", "emulator.runtime.rules.UpdateRule")
 
 
 def build(name: str, layout: Layout, learning_rate: float) -> UpdateRule:
