@@ -318,10 +318,13 @@ class KerasModel(ModelDef):
         return out
 
     def _probabilities(self, model) -> bool:
+        """Whether the model's outputs are probabilities: said by ``output``, else (auto) a last layer
+        that is a softmax (its activation, an Activation("softmax") or a Softmax layer)."""
         if self.output != "auto":
             return self.output == "probabilities"
-        activation = getattr(model.layers[-1], "activation", None) if model.layers else None
-        return getattr(activation, "__name__", "") == "softmax"
+        last = model.layers[-1] if model.layers else None
+        activation = getattr(last, "activation", None)
+        return getattr(activation, "__name__", "") == "softmax" or type(last).__name__ == "Softmax"
 
 
 class TFModel:
