@@ -118,3 +118,16 @@ def test_quick_worker_wire_and_server_benchmarks_write_their_results(tmp_path):
     assert rows[("dense", "delta", 8)]["reply_bytes"] > model  # every coordinate changed: the whole model
     assert rows[("adacomp", "delta", 8)]["reply_bytes"] < model / 4  # bytes, not times: a delta is far smaller
     assert set(server["adacomp_apply_ms_by_staleness"]) == {"1", "100"}
+
+
+def test_the_committed_user_model_boot_table_is_rendered_from_its_json():
+    """docs/performance/boot-user-model.md is what benchmarks.boot renders from the committed JSON beside it."""
+    import json
+
+    from benchmarks import boot
+
+    folder = ROOT / "docs" / "performance"
+    result = json.loads((folder / "boot-user-model.json").read_text())
+    assert (folder / "boot-user-model.md").read_text() == "\n".join(boot.markdown(result)) + "\n"
+    assert boot.ratios(result["runs"]) == result["user_over_builtin"]
+    assert {r["model"] for r in result["runs"]} == {"builtin", "user"}
