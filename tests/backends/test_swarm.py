@@ -263,7 +263,7 @@ def test_a_users_own_workload_is_shipped_to_the_nodes(swarm, runtime_image, tmp_
     assert summary["status"] == "completed" and summary["final_accuracy"] > 0.5  # four activities: chance 0.25
     assert summary["method"] == "sign_topk.py:SignTopK"
     copies = {f["role"]: f["copy"] for f in read_json(run / "workload.json")["files"] if "copy" in f}
-    assert copies == {"model": "workload/model.py", "compressor": "workload/sign_topk.py"}
+    assert copies == {"loader": "workload/activity.py", "model": "workload/model.py", "compressor": "workload/sign_topk.py"}
     log = (run / "logs" / "worker-0.log").read_text()
     assert "Traceback" not in log
 
