@@ -36,6 +36,7 @@ def enable() -> str:
     if os.environ.get("EMULATE_COMPILED", "1") == "0":
         _why_not = "numpy (EMULATE_COMPILED=0)"
         return _why_not
+    _seed_cache()
     try:
         from compression import _numba_kernels as kernels
     except ImportError as exc:
@@ -44,6 +45,20 @@ def enable() -> str:
     kernels.warm_up()
     _kernels = kernels
     return describe()
+
+
+def _seed_cache() -> None:
+    """Where the runtime image compiled the kernels at build (``EMULATE_NUMBA_PREBUILT``), copy that cache
+    to numba's own, writable one (``NUMBA_CACHE_DIR``, under the container's /tmp) unless it is there:
+    numba only uses a cache folder it can write to, and the image's files are read-only."""
+    prebuilt, target = os.environ.get("EMULATE_NUMBA_PREBUILT"), os.environ.get("NUMBA_CACHE_DIR")
+    if prebuilt and target and os.path.isdir(prebuilt) and not os.path.exists(target):
+        import shutil
+
+        try:
+            shutil.copytree(prebuilt, target)
+        except OSError:
+            pass  # numba compiles instead, as without an image's cache
 
 
 def describe() -> str:

@@ -32,7 +32,19 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     TF_CPP_MIN_LOG_LEVEL=2 \
-    LANG=C.UTF-8
+    LANG=C.UTF-8 \
+    NUMBA_CACHE_DIR=/tmp/numba-cache \
+    EMULATE_NUMBA_PREBUILT=/opt/numba-cache
+# The parameter server's compiled loops, compiled once here into numba's cache: a server copies it
+# to its writable /tmp at start (compression/compiled.py) instead of compiling for ~12 s. Only the
+# kernels' own file is copied first, so a change elsewhere in the code does not compile them again;
+# the full copy below brings the same file with the same size and time, which is what numba's cache
+# checks. A machine whose CPU differs from this one's compiles them again at the server's start.
+COPY src/compression/_numba_kernels.py /opt/edge-emulator/compression/_numba_kernels.py
+RUN NUMBA_CACHE_DIR=/opt/numba-cache python -c "import importlib.util as u; \
+s = u.spec_from_file_location('compression._numba_kernels', '/opt/edge-emulator/compression/_numba_kernels.py'); \
+m = u.module_from_spec(s); s.loader.exec_module(m); m.warm_up()" \
+ && chmod -R a+rX /opt/numba-cache
 USER 10001
 WORKDIR /tmp
 # The project code (emulator/ and compression/, *.py only) comes last: a code change rebuilds

@@ -95,7 +95,10 @@ def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[d
     final = s.final_accuracy or s.accuracy or {}
     faults: Counter = Counter()
     lost_updates = 0
+    kernels = None  # the server's hot path, from its (latest) listening event: "numba x.y", or why numpy ran
     for record in events:
+        if record.get("kind") == "listening" and record.get("kernels"):
+            kernels = record["kernels"]
         if record.get("kind") == "fault":
             faults[record["action"]] += 1
         elif record.get("kind") == "disconnected" and record.get("pending"):
@@ -127,6 +130,7 @@ def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[d
         "outcome": outcome, "outcome_detail": detail,
         "diverged": outcome == "diverged",
         "parameters": facts.parameters, "dataset": facts.dataset, "plan_digest": facts.plan_digest,
+        "server_kernels": kernels,
         **wire_bytes(facts.net_marks, facts.payload_at_end),
     }
 

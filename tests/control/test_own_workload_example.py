@@ -40,6 +40,7 @@ def _trained(summary, run_dir):
     assert copies["model"]["copy"] == "workload/model.py" and copies["compressor"]["copy"] == "workload/sign_topk.py"
     assert copies["compressor"]["sha256"] == plugins.file_digest(EXAMPLE / "sign_topk.py")
     assert summary["method"] == "sign_topk.py:SignTopK"
+    assert summary["server_kernels"].startswith("numba "), summary["server_kernels"]  # the compiled server, in every backend
 
 
 OVERRIDES = ("method={name: sign_topk.py:SignTopK, c: 0.05, error_feedback: true}",)

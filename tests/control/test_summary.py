@@ -42,7 +42,7 @@ SCENARIO = {  # the scenario and overrides each trace was recorded with (README)
 CLASSES = 10  # every trace is of MNIST digits
 # Both directions' fields, added after the traces were recorded (their streams hold what they need).
 TWO_WAY = ("egress_payload_bytes", "downlink_payload_bytes", "up_bytes_per_update", "down_bytes_per_update",
-           "two_way_bytes_per_update")
+           "two_way_bytes_per_update", "server_kernels")  # keys the recorded summaries predate
 
 
 def streams(name: str) -> dict[str, list[dict]]:
@@ -188,6 +188,18 @@ def test_the_controller_writes_this_summary(name, tmp_path):
     got = emulation.summary()
     assert_same(got, was, ignore=("plan_digest", *TWO_WAY))  # the plan may change with the code
     assert {k: got[k] for k in TWO_WAY} == {k: summary_of(name)[k] for k in TWO_WAY}
+
+
+def test_the_summary_says_which_loops_the_server_ran_from_its_latest_listening_event():
+    """A restarted server says it again; the summary keeps the last (the recorded traces predate the key)."""
+    name = CURRENT[0]
+    records = streams(name)
+    events = [*records["events"], {"kind": "listening", "kernels": "numpy (numba unavailable: No module named 'numba')"},
+              {"kind": "fault", "action": "crash"}, {"kind": "listening", "kernels": "numba 0.68.1"}]
+    summary = summarize(replay(records), events, records["rejections"], facts_of(recorded(name)))
+    assert summary["server_kernels"] == "numba 0.68.1"
+    for name in CURRENT:
+        assert summary_of(name)["server_kernels"] is None  # their servers did not say
 
 
 # -- the outcome, rule by rule ------------------------------------------------------------
