@@ -250,7 +250,7 @@ TARGETS = (
     ("training", "training_started", 8.0),
     ("teardown", "training_done", 2.0),  # final evaluation, logs, container removal
 )
-RECORDS = {"scenario.yaml", "scenario.resolved.json", "plan.json", "mechanisms.json", "data.json", "fidelity.json",
+RECORDS = {"scenario.yaml", "scenario.resolved.json", "plan.json", "mechanisms.json", "data.json", "workload.json", "workload", "fidelity.json",
            "summary.json", "logs", *(f"{s}.jsonl" for s in STREAMS)}
 
 
