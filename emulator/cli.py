@@ -121,7 +121,7 @@ def main():
 
 @main.command()
 @click.argument("scenario_file", type=click.Path(dir_okay=False))
-@click.option("--backend", type=click.Choice(["auto", "local", "docker", "swarm"]), default=None, help="Overrides the scenario's backend.")
+@click.option("--backend", type=click.Choice(backends.CHOICES), default=None, help="Overrides the scenario's backend.")
 @set_option
 @click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False), help="Where run directories go.")
 @click.option("--run-id", default=None, help="Name of the run directory (default: time-name-random).")
@@ -219,7 +219,7 @@ def render_plan(p) -> str:
 @click.argument("scenario_file", type=click.Path(dir_okay=False))
 @click.option("-m", "--method", "methods", multiple=True, required=True, metavar="SPEC",
               help="A method to run: NAME[:KEY=VALUE]..., e.g. adacomp, qsgd:s=4, topk:c=0.001:error_feedback=true, asgd:training.learning_rate=0.05 (repeatable).")
-@click.option("--backend", type=click.Choice(["auto", "local", "docker", "swarm"]), default="auto", show_default=True)
+@click.option("--backend", type=click.Choice(backends.CHOICES), default="auto", show_default=True)
 @set_option
 @click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False))
 @click.option("--dir", "directory", default=None, type=click.Path(file_okay=False),
@@ -433,7 +433,7 @@ def traces_generate(kind, out, devices, duration, seed, window, availability, me
               help="Runs at once (default: CPU count / the heaviest run's summed device CPU quotas, at least 1).")
 @click.option("--out", "directory", default=None, type=click.Path(file_okay=False),
               help="The sweep directory (default: runs/sweeps/<name>-<digest of scenario, overrides, grid, backend>).")
-@click.option("--backend", type=click.Choice(["auto", "local", "docker", "swarm"]), default=None, help="Overrides the scenario's backend.")
+@click.option("--backend", type=click.Choice(backends.CHOICES), default=None, help="Overrides the scenario's backend.")
 @set_option
 @click.option("--no-fidelity", is_flag=True, help="Skip each run's fidelity check.")
 @click.option("--no-report", is_flag=True, help="Do not write sweep.md, sweep.csv and the report at the end.")

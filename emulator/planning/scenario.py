@@ -31,6 +31,7 @@ from compression.delta import DELTA_VALUES
 
 from emulator import datasets
 from emulator.planning import units
+from emulator.planning.backends import CHOICES as BACKEND_CHOICES
 from emulator.planning.distributions import (
     BOUNDS,  # noqa: F401 - emulator/planning/plan.py reads it from here (see __all__)
     DISTRIBUTIONS,
@@ -395,7 +396,7 @@ class Scenario(Strict):
     evaluator: EvaluatorSpec = EvaluatorSpec()
     workers: list[WorkerGroup] = Field(min_length=1)
     faults: FaultsSpec = FaultsSpec()
-    backend: Literal["auto", "local", "docker", "swarm"] = "auto"
+    backend: Literal[BACKEND_CHOICES] = Field("auto", description="auto (docker when a daemon answers, else local) or a backend's name")
 
     @property
     def worker_count(self) -> int:
