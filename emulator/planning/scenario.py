@@ -40,6 +40,7 @@ from emulator.planning.distributions import (
     Duration,
     Fixed,
     Fraction,
+    LinkDelay,
     LossDist,
     PerDevice,
     PositiveDuration,
@@ -56,6 +57,7 @@ from emulator.runtime.config import LINK_PROPERTIES
 from emulator.runtime.downlink import PULL_MODES
 
 MAX_WORKERS = 10_000
+MAX_UPDATES = 10**9  # a billion updates: beyond, a typo (1e21) rather than a run
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 RESERVED_TARGETS = {"all": "every worker", "server": "the parameter server"}
 SERVER_ACTIONS = ("crash", "restart")
@@ -174,7 +176,7 @@ def _eval_every(raw):
 
 class EvalSchedule(Strict):
     seconds: PositiveFloat | None = None
-    updates: PositiveInt | None = None
+    updates: PositiveInt | None = Field(None, le=MAX_UPDATES)
 
     @model_validator(mode="after")
     def _exactly_one(self):
@@ -189,7 +191,7 @@ class EvalSchedule(Strict):
 class TrainingSpec(Strict):
     batch_size: PositiveInt = 10
     learning_rate: PositiveFloat = 0.1
-    max_updates: PositiveInt | None = Field(None, description="stop after this many updates applied by the server")
+    max_updates: PositiveInt | None = Field(None, le=MAX_UPDATES, description="stop after this many updates applied by the server")
     duration: PositiveDuration | None = Field(None, description="stop after this much wall time")
     eval_every: Annotated[EvalSchedule, BeforeValidator(_eval_every), WithJsonSchema({"anyOf": [  # what _eval_every reads
         {"type": "string"}, {"type": "integer", "minimum": 1},
@@ -268,7 +270,7 @@ class ServerSpec(Strict):
     checkpoint: CheckpointSpec = CheckpointSpec()
     uplink: Rate | None = Field(None, description="server egress cap (models sent); none = unshaped")
     downlink: Rate | None = Field(None, description="server ingress cap (updates received); none = unshaped")
-    delay: Duration = 0.0
+    delay: LinkDelay = 0.0
     port: int = Field(7000, ge=1, le=65535)
 
 
@@ -314,8 +316,8 @@ class CrashProcess(Strict):
 class LinkChange(Strict):
     uplink: Rate | None = None
     downlink: Rate | None = None
-    delay: Duration | None = None
-    jitter: Duration | None = None
+    delay: LinkDelay | None = None
+    jitter: LinkDelay | None = None
     loss: Fraction | None = None
 
 

@@ -92,7 +92,7 @@ def test_full_scenario_scalar_group(full):
     assert (g.name, g.count, g.memory) == ("fixed", 2, 256 * MiB)
     assert g.cpus == Fixed(0.25)
     assert g.uplink == Fixed(2e6)
-    assert g.downlink == Fixed(1e6)  # 125kbps: bytes per second, as tc
+    assert g.downlink == Fixed(1e6)  # 125kB/s: bytes per second
     assert g.delay == Fixed(pytest.approx(0.030))
     assert g.jitter == Fixed(pytest.approx(0.005))
     assert g.loss == Fixed(pytest.approx(0.001))
