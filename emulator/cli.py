@@ -29,7 +29,7 @@ from emulator.backends.swarm import push_images
 from emulator.host import images as image_lib
 from emulator.planning.plan import check_dataset, make_plan
 from emulator.control.rundir import RunIdError, check_run_id
-from emulator.control.run import RunFailed, run_scenario
+from emulator.control.run import RunFailed, check_host, run_scenario
 from emulator.planning.loader import load_scenario
 from emulator.planning.problems import ScenarioError
 from emulator.planning.scenario import json_schema
@@ -146,6 +146,15 @@ def _backend_of(requested: str | None, scenario, say=None) -> str:
         return backends.choose(requested or scenario.backend, say=say or _say).name
     except BackendUnavailable as exc:
         _fail(str(exc))
+
+
+def _check_host(scenario, backend_name: str, say, source: str = "") -> None:
+    """Exit 2 when a device asks for more cores than this machine has (backends that run here)."""
+    try:
+        check_host(scenario, make_plan(scenario), backends.backend_class(backend_name), say, source=source)
+    except ScenarioError as exc:
+        click.echo(exc.render(), err=True)
+        sys.exit(EXIT_BAD_INPUT)
 
 
 def _report(directory, no_report: bool) -> None:
@@ -304,6 +313,7 @@ def compare(scenario_file, methods, backend, overrides, out_root, directory, rep
     except ScenarioError as exc:
         _refuse(exc)
     backend_name = _backend_of(backend, scenario, say=lambda _msg: None)  # and a backend this machine lacks
+    _check_host(scenario, backend_name, lambda _msg: None, scenario_file)  # each run says its notes
     _writable(directory, "--dir") if directory else _writable(out_root, "--out")
     try:
         out = run_compare(scenario_file, list(methods), out_root, backend=backend_name, overrides=list(overrides),
@@ -518,9 +528,13 @@ def sweep(scenario_file, grid, backend, overrides, out_root, directory, repeat, 
     try:
         spec = Sweep.from_options(scenario_file, grid, repeat=repeat, overrides=tuple(overrides), backend=backend_name,
                                   check_fidelity=not no_fidelity, strict=strict, tolerance=tolerance)
-        spec.plan()  # every grid point checked before the directory is made
+        planned = spec.plan()  # every grid point checked before the directory is made
         where = directory or default_directory(spec, Path(out_root) / "sweeps")
         _writable(where, "--dir" if directory else "--out")
+        noted = False
+        for point in planned:  # quotas this machine cannot give; a note about their sum once
+            _check_host(point.scenario, backend_name, (lambda msg: None) if noted else say, scenario_file)
+            noted = True
         result = run_sweep(spec, where, jobs=jobs, say=say)
     except SweepError as exc:
         click.echo(exc.render(), err=True)
