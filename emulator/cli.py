@@ -164,11 +164,14 @@ def _report(directory, no_report: bool) -> None:
         return
     from analysis.report import build_report  # here: matplotlib and pandas, only when there is a report to draw
 
+    problems: list[str] = []
     try:
-        out = build_report(directory)
+        out = build_report(directory, problems=problems)
     except Exception as exc:  # noqa: BLE001 - the run's records are what matters; say why there is no report
         _say(f"report: not written ({type(exc).__name__}: {exc}); emulate report {directory} tries again")
         return
+    for problem in problems:
+        _say(f"warning: {problem}")
     click.echo(f"report: {out / 'report.html'} (and report.md, figures beside it)")
 
 
@@ -440,10 +443,15 @@ def report(path, per_run):
     """Figures and tables of a run, a sweep or a folder of runs, written to PATH/report/."""
     from analysis.report import build_report  # here: matplotlib and pandas, for this command only
 
+    problems: list[str] = []
     try:
-        out = build_report(path, per_run=per_run)
+        out = build_report(path, per_run=per_run, problems=problems)
     except FileNotFoundError as exc:
         _fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - no traceback for a damaged directory: say what, and where to look
+        _fail(f"{path}: the report could not be drawn ({type(exc).__name__}: {exc})", EXIT_FAILED)
+    for problem in problems:  # damaged files and lines, skipped: named, and in the report's notes
+        _say(f"warning: {problem}")
     click.echo(f"report: {out / 'report.html'} (and report.md, figures beside it)")
 
 
