@@ -249,11 +249,17 @@ def _print_summary(summary: dict, path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="The whole plan as canonical JSON.")
 def plan(scenario_file, overrides, as_json):
     """Show the resolved plan: every device and every fault, without running anything (nor its data set)."""
+    from emulator import datasets
+
     scenario, _, resolved = _load(scenario_file, overrides, data=False)
     try:
-        check_dataset(scenario)
-    except ScenarioError as exc:  # showing the plan needs no data; running it will
-        _say(f"note: running this plan needs what is missing here: {'; '.join(str(p) for p in exc.problems)}".splitlines()[0])
+        datasets.facts(scenario.dataset.name, scenario.dataset.path)
+    except datasets.DatasetUnavailable as exc:  # showing the plan needs no data; running it will
+        _say(f"note: running this plan needs data set {scenario.dataset.name!r}, which is not here: {str(exc).splitlines()[0]}")
+    except ValueError:
+        _load(scenario_file, overrides)  # a malformed data file: named with its field, exit 2
+    else:
+        _load(scenario_file, overrides)  # a data set that is here is checked: one too small for the scenario is bad input
     if as_json:
         click.echo(resolved.dumps(), nl=False)
         return
@@ -499,7 +505,7 @@ def _parsed(parse, text: str, option: str) -> float:
 @traces_group.command("generate")
 @click.argument("kind", type=click.Choice(tracegen.GENERATORS))
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--devices", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--devices", type=click.IntRange(1, 1_000_000), default=8, show_default=True)
 @click.option("--duration", default="10min", show_default=True, help="Trace time covered (a bare number is seconds).")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
 @click.option("--window", default="2s", show_default=True, help="link, compute, mahimahi: one value per window.")

@@ -596,7 +596,7 @@ def test_traces_generate_reads_a_bare_duration_as_seconds(tmp_path):
     ("workers[0].uplink=100", "workers[0].uplink: must be at least 1kbit, got 100 (100bit); a bare number is bits/s"),
     ("workers[0].downlink=1tbit", "workers[0].downlink: must be at most 100gbit"),
     ("workers[0].cpus=5000", "workers[0].cpus: must be at most 1024"),
-    ("training.max_updates=2000000000", "training.max_updates: must be <= 1e+09"),
+    ("training.max_updates=2000000000", "training.max_updates: must be at most 1,000,000,000 updates, got 2e+09"),
     ("training.max_updates=1.0e21", "training.max_updates:"),
 ])
 def test_bounds_refuse_what_users_do_not_mean(override, expected):
@@ -613,7 +613,7 @@ def test_plan_needs_no_data_set(tmp_path):
     result = invoke("plan", str(scenario))
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("scenario quickstart")
-    assert "note: running this plan needs what is missing here:" in result.stderr
+    assert "note: running this plan needs data set 'mnist', which is not here:" in result.stderr
 
 
 # -- the headline ---------------------------------------------------------------------------

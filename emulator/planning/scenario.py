@@ -200,6 +200,13 @@ class TrainingSpec(Strict):
         default_factory=lambda: EvalSchedule(seconds=30.0), description="30s or '500 updates'"
     )
 
+    @field_validator("max_updates", mode="before")
+    @classmethod
+    def _at_most_a_billion(cls, value):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_UPDATES:
+            raise ValueError(f"must be at most {MAX_UPDATES:,} updates, got {value:g}")
+        return value
+
     @model_validator(mode="after")
     def _has_an_end(self):
         if self.max_updates is None and self.duration is None:

@@ -4,6 +4,7 @@ with one line that names the field (``tests/scenarios/bad``); ``--set`` override
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -192,6 +193,13 @@ def test_models_are_immutable(full):
 
 def test_the_bad_corpus_is_large():
     assert len(BAD) >= 30
+
+
+def test_reliability_counts_the_corpus_as_it_is():
+    """docs/RELIABILITY.md says how many malformed scenarios the corpus holds: the number there is this one."""
+    text = (HERE.parent / "docs" / "RELIABILITY.md").read_text()
+    said = re.findall(r"holds (\d+) malformed scenarios", text) + re.findall(r"\| malformed scenario files \| (\d+) \|", text)
+    assert said and {int(n) for n in said} == {len(BAD)}, (said, len(BAD))
 
 
 @pytest.mark.parametrize("path", BAD, ids=[p.name for p in BAD])
