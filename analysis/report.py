@@ -248,7 +248,7 @@ def device_rows(plan: dict, mechanisms: dict) -> list[tuple]:
         link = d.get("link") or {}
         mech = mechanisms.get(d["name"], {})
         used = "; ".join(f"{k}: {v}" for k, v in mech.items() if isinstance(v, str) and v != "unshaped" and k != "boot")
-        rows.append((d["name"], d.get("group", ""), f"{d.get('cpus', 0):g}", format_bytes(d.get("memory_bytes") or 0),
+        rows.append((d["name"], d.get("group", ""), f"{d.get('cpus', 0):.3g}", format_bytes(d.get("memory_bytes") or 0),
                      _rate(link.get("uplink_bps")), _rate(link.get("downlink_bps")),
                      format_duration(link.get("delay_s") or 0) if link.get("delay_s") else "-",
                      format_duration(link.get("jitter_s") or 0) if link.get("jitter_s") else "-",
@@ -290,7 +290,7 @@ def bound_rows(bounds: pd.DataFrame) -> list[tuple]:
     def share(value, of: str) -> str:
         return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.0%} of {of}"
 
-    return [(r["device"], r["group"] or "", share(r["cpu_share"], f"{r['cpus']:g} cpu"),
+    return [(r["device"], r["group"] or "", share(r["cpu_share"], f"{r['cpus']:.3g} cpu"),
              share(r["up_share"], _rate(r["uplink_bps"])) if r["uplink_bps"] else "unshaped",
              share(r["down_share"], _rate(r["downlink_bps"])) if r["downlink_bps"] else "unshaped", r["bound"])
             for r in bounds.to_dict("records")]

@@ -98,9 +98,22 @@ def _load(path: str, overrides: tuple[str, ...], *, data: bool = True):
     except ScenarioError as exc:
         if not exc.source:
             exc = ScenarioError(exc.problems, path)
-        click.echo(exc.render(), err=True)
+        click.echo(_blamed(exc, overrides).render(), err=True)
         sys.exit(EXIT_BAD_INPUT)
     return scenario, raw, plan
+
+
+def _blamed(exc: ScenarioError, overrides) -> ScenarioError:
+    """The problems, each one that a ``--set`` put there saying so: the user typed the option,
+    not the file's line."""
+    def blame(problem):
+        for override in overrides:
+            key = override.split("=", 1)[0].strip()
+            if key and (problem.path == key or problem.path.startswith((key + ".", key + "["))):
+                return type(problem)(problem.path, f"{problem.message} (from --set {override})")
+        return problem
+
+    return ScenarioError([blame(p) for p in exc.problems], exc.source)
 
 
 set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -203,7 +216,7 @@ def run(scenario_file, backend, overrides, out_root, run_id, strict, tolerance, 
         summary = run_scenario(scenario_file, out_root, overrides=overrides, backend=backend, run_id=run_id, strict=strict,
                                tolerance=tolerance, check_fidelity=not no_fidelity, progress_every_s=0 if quiet else 2.0, say=_say)
     except ScenarioError as exc:
-        click.echo(exc.render(), err=True)
+        click.echo(_blamed(exc, overrides).render(), err=True)
         sys.exit(EXIT_BAD_INPUT)
     except RunIdError as exc:
         _fail(f"--run-id: {exc}")
