@@ -30,6 +30,7 @@ from emulator.host import images as image_lib
 from emulator.planning.plan import check_dataset, make_plan
 from emulator.control.rundir import RunIdError, check_run_id
 from emulator.control.run import RunFailed, check_host, run_scenario
+from emulator.control.summary import FLAGGED
 from emulator.planning.loader import load_scenario
 from emulator.planning.problems import ScenarioError
 from emulator.planning.scenario import json_schema
@@ -238,7 +239,7 @@ def headline(summary: dict) -> str:
     """The word a user reads first: the outcome where the model is not worth reading (``diverged``,
     ``dead``), else how the run ended (``completed``, ``interrupted``, ``failed``)."""
     outcome = summary.get("outcome")
-    return outcome if outcome in ("diverged", "dead") else summary.get("status", "failed")
+    return outcome if outcome in FLAGGED else summary.get("status", "failed")
 
 
 def _print_summary(summary: dict, path) -> None:

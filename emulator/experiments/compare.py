@@ -204,7 +204,9 @@ def _run_forked(planned: list["PlannedRun"], out: Path, jobs: int, options: dict
         set_aside(out, run.run_id)
         try:
             runner.launch(out / "logs" / f"{run.run_id}.log", run.scenario, out, overrides=run.overrides, run_id=run.run_id, **options)
-            say(f"{run.run_id}: {(completed_summary(out / run.run_id) or {}).get('status', 'done')}")
+            summary = completed_summary(out / run.run_id) or {}
+            outcome = summary.get("outcome")  # the word a reader takes first: diverged or dead before completed
+            say(f"{run.run_id}: {outcome if outcome in FLAGGED else summary.get('status', 'done')}")
         except RuntimeError as exc:  # a failed run is a row of the table (summary.json says why)
             say(f"{run.run_id}: run failed: {exc}")
 
