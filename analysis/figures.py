@@ -4,8 +4,9 @@ Every function takes the tables of :mod:`analysis.runs` (or of :mod:`analysis.sw
 returns a :class:`matplotlib.figure.Figure`, or ``None`` when its data is absent (no ``net``
 stream on the local backend, no accuracy yet): callers skip what is ``None``. Figures are
 built with the object API and rendered by Agg when saved (:func:`save`): no pyplot state, no
-display needed, safe in threads and notebooks. Axes say their units; byte axes use SI
-prefixes (kB, MB); times are seconds since training started.
+display needed, safe in threads and notebooks. Axes say their units; byte axes use the
+tables' binary prefixes (KiB, MiB: 1,024-based), link rates bits/s as scenarios write them;
+times are seconds since training started.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator, NullFormatter, PercentFormatter
+from matplotlib.ticker import (EngFormatter, Formatter, FuncFormatter, Locator, LogLocator, MaxNLocator, NullFormatter, NullLocator,
+                               PercentFormatter)
 
 SIZE = (8.0, 4.6)
 DPI = 120
@@ -28,29 +30,69 @@ FAULT_COLORS = {
     "crash": "#d62728", "restart": "#2ca02c", "pause": "#ff7f0e", "resume": "#bcbd22",
     "partition": "#9467bd", "heal": "#17becf", "cpus": "#8c564b", "link": "#7f7f7f",
 }
-class DistinctEng(EngFormatter):
-    """SI-prefixed tick labels with as few decimals as keep neighbouring ticks apart: 8.6 MB and
-    9.0 MB, never "9 MB, 9 MB" for ticks that differ."""
+_BINARY = (("Gi", 1024**3), ("Mi", 1024**2), ("Ki", 1024))
+
+
+class BinaryBytes(Formatter):
+    """Byte tick labels in the tables' units (KiB, MiB, GiB: powers of 1,024, as
+    :func:`emulator.planning.units.format_bytes` writes them), with as few decimals as keep
+    neighbouring ticks apart: 8.5 MiB and 9.0 MiB, never "9 MiB, 9 MiB" for ticks that differ."""
 
     MAX_PLACES = 4
 
+    def __init__(self, unit: str = "B", places: int = 0):
+        self.unit, self.places = unit, places  # unit: B or B/s
+
+    def _label(self, value: float, places: int, scale: tuple[str, int] | None = None) -> str:
+        prefix, size = scale or next(((p, s) for p, s in _BINARY if abs(value) >= s), ("", 1))
+        return f"{value / size:.{places}f} {prefix}{self.unit}"
+
+    def __call__(self, value, pos=None):
+        return self._label(value, self.places)
+
     def format_ticks(self, values):
-        chosen = self.places
-        try:
-            for places in range(chosen or 0, self.MAX_PLACES + 1):
-                self.places = places
-                labels = [self(v, i) for i, v in enumerate(values)]
-                if len(set(labels)) == len(labels):
-                    break
-        finally:
-            self.places = chosen  # shared formatter: other labels keep their own precision
+        values = list(values)
+        top = max((abs(v) for v in values), default=0)
+        scale = next(((p, s) for p, s in _BINARY if top >= s), ("", 1))  # one prefix along a linear axis
+        if any(v > 0 for v in values) and min(v for v in values if v > 0) * 1024 < top:
+            scale = None  # a log axis spans prefixes: each label its own
+        size = scale[1] if scale else None
+        for places in range(self.places, self.MAX_PLACES + 1):
+            labels = [self._label(v, places, scale) for v in values]
+            exact = size is None or all(abs(round(v / size, places) - v / size) < 1e-6 for v in values)  # 0.25 is not "0.2"
+            if len(set(labels)) == len(labels) and exact:
+                return labels
         return labels
 
 
-BYTES = DistinctEng(unit="B", places=0, sep=" ")
-BYTE_RATE = DistinctEng(unit="B/s", places=0, sep=" ")
-# On a log axis under two decades wide, label the minor ticks 2, 3 and 5 x 10^k only (the others crowd).
-_MINOR_BYTES = FuncFormatter(lambda v, pos: BYTES(v, pos) if v > 0 and f"{v:.0e}"[0] in "235" else "")
+class BinaryTicks(Locator):
+    """Linear-axis ticks at round multiples of the 1,024-based unit the axis spans (0, 256 KiB,
+    512 KiB, ...; 0, 2 MiB, 4 MiB, ...), so that binary labels come out round."""
+
+    def __call__(self):
+        low, high = self.axis.get_view_interval()
+        return self.tick_values(low, high)
+
+    def tick_values(self, vmin, vmax):
+        top = max(abs(vmin), abs(vmax))
+        size = next((s for _, s in _BINARY if top >= s), 1)
+        return MaxNLocator(nbins=6, steps=[1, 2, 4, 5, 10]).tick_values(vmin / size, vmax / size) * size
+
+
+BYTES = BinaryBytes("B")
+BYTE_RATE = BinaryBytes("B/s")
+
+
+def _bytes_axis(axis, formatter: BinaryBytes = BYTE_RATE) -> None:
+    """Label a byte (or byte-rate) axis in KiB/MiB/GiB, ticks at round binary multiples; a log
+    axis gets its ticks at powers of 2 (1 KiB, 4 KiB, 16 KiB, ...)."""
+    if axis.get_scale() == "log":
+        axis.set_major_locator(LogLocator(base=2.0, numticks=10))
+        axis.set_minor_locator(NullLocator())
+        axis.set_minor_formatter(NullFormatter())
+    else:
+        axis.set_major_locator(BinaryTicks())
+    axis.set_major_formatter(formatter)
 
 
 def _figure(title: str, size=SIZE) -> tuple[Figure, object]:
@@ -97,6 +139,8 @@ def _legend(ax, count: int, outside: bool = False) -> None:
 
 def _accuracy(curves, x: str, title: str, xlabel: str, log_x: bool = False) -> Figure | None:
     drawn = _curves(curves)
+    if log_x:  # a log axis has no place for zero: curves without a positive x are not drawn
+        drawn = [(label, tables) for label, tables in drawn if any((t[x] > 0).any() for t in tables)]
     if not drawn:
         return None
     fig, ax = _figure(title)
@@ -123,16 +167,11 @@ def _accuracy(curves, x: str, title: str, xlabel: str, log_x: bool = False) -> F
 
 
 def _log_bytes(axis, set_scale) -> None:
-    """A log byte axis labelled in SI prefixes; minor ticks labelled when it spans under two decades
-    (all of them under one decade, else 2, 3 and 5 x 10^k)."""
+    """A log byte axis labelled in KiB, MiB, GiB, at powers of 2."""
     set_scale("log")
-    axis.set_major_formatter(BYTES)
-    axis.axes.autoscale_view()  # the limits are computed lazily: settle them before reading them
-    low, high = axis.get_view_interval()
-    span = high / low if low > 0 else math.inf
-    axis.set_minor_formatter(BYTES if span < 10 else _MINOR_BYTES if span < 100 else NullFormatter())
+    axis.axes.autoscale_view()  # the limits are computed lazily: settle them before the locator reads them
+    _bytes_axis(axis, BYTES)
     axis.set_tick_params(which="both", labelsize="small")
-    axis.set_tick_params(which="minor", pad=5.0)  # minor ticks are shorter: align their labels with the major ones
 
 
 def accuracy_vs_time(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]]) -> Figure | None:
@@ -198,7 +237,7 @@ def ingress_rate(per_second: pd.DataFrame, faults: pd.DataFrame | None = None) -
     _fault_markers(ax, faults, (x.min() - 1, x.max() + 1))
     ax.set_xlabel("training time (s)")
     ax.set_ylabel("ingress rate (bytes/s, stacked)")
-    ax.yaxis.set_major_formatter(BYTE_RATE)
+    _bytes_axis(ax.yaxis)
     handles = ax.get_legend_handles_labels()[0]
     _legend(ax, len(handles), outside=faults is not None and len(faults) > 0)
     return fig
@@ -221,7 +260,7 @@ def traffic_both_ways(per_second: Mapping[str, pd.DataFrame]) -> Figure | None:
     values = values[values > 0]
     if len(values) and values.max() / values.min() > 20:
         ax.set_yscale("log")  # a compressed push beside a dense pull: orders of magnitude apart
-    ax.yaxis.set_major_formatter(BYTE_RATE)
+    _bytes_axis(ax.yaxis)
     ax.set_xlabel("training time (s)")
     ax.set_ylabel("bytes per second (5 s moving average)")
     _legend(ax, 2 * len(drawn), outside=len(drawn) > 2)
@@ -268,11 +307,13 @@ def staleness_histogram(updates: Mapping[str, pd.DataFrame | Sequence[pd.DataFra
     return fig
 
 
-def worker_share(shares: pd.Series, groups: Mapping[int, str] | None = None, cpus: Mapping[int, float] | None = None) -> Figure | None:
+def worker_share(shares: pd.Series, groups: Mapping[int, str] | None = None, cpus: Mapping[int, float] | None = None,
+                 bounds: Mapping[int, str] | None = None) -> Figure | None:
     """Each worker's share of the applied updates (bars, coloured by worker group), equal share dashed.
 
-    ``groups`` colours the bars by worker group; ``cpus`` adds each worker's planned CPU quota
-    under its number (up to 20 workers), which is what explains unequal shares.
+    ``groups`` colours the bars by worker group; under each worker's number (up to 20 workers),
+    ``bounds`` says what bounded it (``downlink 95%``: :func:`analysis.bounds.short_label`), which
+    is what explains unequal shares, else ``cpus`` its planned CPU quota.
     """
     if shares is None or shares.empty or shares.sum() == 0:
         return None
@@ -285,11 +326,13 @@ def worker_share(shares: pd.Series, groups: Mapping[int, str] | None = None, cpu
         for name, color in palette.items():
             ax.bar([np.nan], [np.nan], color=color, label=f"group {name}")  # one legend entry per group
     ax.axhline(1.0 / len(workers), color="black", linestyle="--", linewidth=1, label=f"equal share (1/{len(workers)})")
-    with_cpus = cpus is not None and len(workers) <= 20
-    ticks = [f"{w}\n{cpus[w]:.2g} cpu" if with_cpus and w in cpus else str(w) for w in workers]
+    under = (bounds, "what bounded it: the most used of CPU quota, uplink, downlink") if bounds else (
+        {w: f"{c:.2g} cpu" for w, c in (cpus or {}).items()}, "planned CPU quota")
+    labelled = bool(under[0]) and len(workers) <= 20
+    ticks = [f"{w}\n" + under[0][w].replace(" ", "\n", 1) if labelled and w in under[0] else str(w) for w in workers]
     ax.set_xticks(range(len(workers)), ticks, fontsize="small" if len(workers) <= 30 else "xx-small",
                   rotation=0 if len(workers) <= 30 else 90)
-    ax.set_xlabel("worker" + (" (planned CPU quota)" if with_cpus else ""))
+    ax.set_xlabel("worker" + (f" ({under[1]})" if labelled else ""))
     ax.set_ylabel("share of applied updates")
     ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     ax.legend(fontsize="small")
@@ -314,6 +357,9 @@ def _device_lines(ax, rates: pd.DataFrame, column: str, quotas: Mapping[str, flo
         ax.fill_between(grouped.quantile(0.1).index, grouped.quantile(0.1), grouped.quantile(0.9), color="C7", alpha=0.3,
                         label=f"workers, 10-90 % ({len(workers)})")
         ax.plot(grouped.median().index, grouped.median(), color="C7", linewidth=1.5, label="workers, median")
+        limits = [quotas[w] for w in workers if quotas and w in quotas]
+        if limits:
+            ax.axhline(float(np.median(limits)), color="C7", linestyle=":", linewidth=1, label="workers' configured, median")
 
 
 def _order(device) -> tuple:
@@ -342,8 +388,11 @@ def cpu_utilisation(stats: pd.DataFrame, quotas: Mapping[str, float] | None = No
     return fig
 
 
-def link_utilisation(net: pd.DataFrame, faults: pd.DataFrame | None = None) -> Figure | None:
-    """Bytes per second on each device's interface, received (top) and sent (bottom); docker only."""
+def link_utilisation(net: pd.DataFrame, faults: pd.DataFrame | None = None,
+                     configured: Mapping[str, Mapping[str, float | None]] | None = None) -> Figure | None:
+    """Bytes per second on each device's interface, received (top) and sent (bottom); docker only.
+    ``configured``: device -> ``{"uplink_bps", "downlink_bps"}`` (the plan's), drawn dotted as the
+    byte rate each link allows (downlink on the received panel, uplink on the sent one)."""
     from analysis.runs import counter_rates
 
     if net is None or net.empty or net["rx_bytes"].notna().sum() == 0:
@@ -354,18 +403,19 @@ def link_utilisation(net: pd.DataFrame, faults: pd.DataFrame | None = None) -> F
         return None
     fig = Figure(figsize=(SIZE[0], SIZE[1] * 1.5), dpi=DPI, layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True)
-    for ax, column, what in ((top, "rx_bytes_rate", "received"), (bottom, "tx_bytes_rate", "sent")):
+    for ax, column, what, key in ((top, "rx_bytes_rate", "received", "downlink_bps"), (bottom, "tx_bytes_rate", "sent", "uplink_bps")):
         ax.grid(True, alpha=0.3)
-        _device_lines(ax, rates, column)
+        limits = {device: link[key] / 8 for device, link in (configured or {}).items() if link.get(key)}
+        _device_lines(ax, rates, column, limits)
         _fault_markers(ax, faults, (rates["time_s"].min(), rates["time_s"].max()))
         medians = rates[rates[column] > 0].groupby("device")[column].median()
         if len(medians) > 1 and medians.max() / medians.min() > 30:  # the server's dense models beside compressed updates
             ax.set_yscale("log")
-            ax.set_ylabel(f"{what} (bytes/s, log scale)")
+            ax.set_ylabel(f"{what} (bytes/s, log scale)" + (", configured dotted" if limits else ""))
         else:
             ax.set_ylim(bottom=0)
-            ax.set_ylabel(f"{what} (bytes/s)")
-        ax.yaxis.set_major_formatter(BYTE_RATE)
+            ax.set_ylabel(f"{what} (bytes/s)" + (", configured dotted" if limits else ""))
+        _bytes_axis(ax.yaxis)
     top.set_title("Link utilisation per device (network interface counters)")
     bottom.set_xlabel("training time (s)")
     _legend(top, len(top.get_legend_handles_labels()[0]), outside=faults is not None and len(faults) > 0)
@@ -535,7 +585,7 @@ def sweep_metric(aggregate: pd.DataFrame, x_key: str, metric: str, series_keys: 
         if len(values) and values.min() > 0 and values.max() / values.min() > 20:
             _log_bytes(ax.yaxis, ax.set_yscale)
         else:
-            ax.yaxis.set_major_formatter(BYTES)
+            _bytes_axis(ax.yaxis, BYTES)
     n = aggregate["n"] if "n" in aggregate else pd.Series(dtype=float)
     if len(n) and n.max() < 2:
         ax.text(0.99, 0.02, "one repetition per point: no interval", transform=ax.transAxes, ha="right",

@@ -12,16 +12,18 @@ from __future__ import annotations
 import html
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from emulator.planning.units import format_bytes
+from emulator.planning.units import format_bytes, format_duration, format_rate
 
 from analysis import figures
+from analysis.bounds import BUSY, short_label, worker_bounds
 from analysis.runs import (
-    Collection, Run, accuracy_with_ingress, ingress_per_second, is_run_dir, is_sweep_dir, load_collection, load_run, summary_row,
+    Collection, Run, accuracy_with_ingress, ingress_per_second, is_run_dir, is_sweep_dir, load_collection, load_json, load_run, summary_row,
     traffic_both_ways, worker_shares,
 )
 from analysis.sweep import aggregate_rows, markdown_table, plotted_keys, value_label, write_tables
@@ -204,13 +206,19 @@ def run_figures(run: Run, out: Path, skipped: list[str]) -> list[Block]:
     blocks += _figure_block(out, "staleness.png", figures.staleness_histogram({label: run.updates}),
                             "Staleness: how many updates the server applied between a worker's pull and its push.",
                             skipped, "no update applied (updates.jsonl empty or absent)")
-    blocks += _figure_block(out, "worker_share.png", figures.worker_share(worker_shares(run.updates, run.worker_names), groups, cpus),
-                            "Worker share: each worker's share of the applied updates.", skipped, "no update applied")
+    bounds = worker_bounds(run)
+    labels = {int(r["worker"]): short_label(r) for r in bounds.to_dict("records")} if len(bounds) else None
+    blocks += _figure_block(out, "worker_share.png", figures.worker_share(worker_shares(run.updates, run.worker_names), groups, cpus,
+                                                                           labels),
+                            "Worker share: each worker's share of the applied updates; under each worker, what bounded it "
+                            "(the most used of its CPU quota, uplink and downlink, or the server when none was half used).",
+                            skipped, "no update applied")
     blocks += _figure_block(out, "cpu.png", figures.cpu_utilisation(run.stats, quotas, run.faults),
                             "CPU: CPU-seconds per second used by each device (dotted: planned quota).",
                             skipped, "no CPU samples (stats.jsonl empty or absent)")
-    blocks += _figure_block(out, "link.png", figures.link_utilisation(run.net, run.faults),
-                            "Links: bytes per second on each device's network interface.",
+    blocks += _figure_block(out, "link.png", figures.link_utilisation(run.net, run.faults, _configured_links(run.plan)),
+                            "Links: bytes per second on each device's network interface; dotted, the configured rate "
+                            "(downlink above, uplink below; for many workers, their median).",
                             skipped, "no interface counters (net.jsonl is written by the docker backend only)")
     if figures.traced_link_steps(run.plan):  # runs with link traces (docs/TRACES.md)
         blocks += _figure_block(out, "traced_links.png", figures.traced_links(run.plan, run.net),
@@ -221,14 +229,116 @@ def run_figures(run: Run, out: Path, skipped: list[str]) -> list[Block]:
     return blocks
 
 
+def _configured_links(plan: dict) -> dict[str, dict]:
+    devices = [d for d in (plan.get("server"), plan.get("evaluator"), *plan.get("workers", [])) if d]
+    return {d["name"]: d.get("link") or {} for d in devices}
+
+
+MAX_DEVICE_ROWS = 100  # devices listed in the configuration table; the rest are counted
+
+
+def _rate(bps) -> str:
+    return format_rate(bps) if isinstance(bps, (int, float)) and bps else "unshaped"
+
+
+def device_rows(plan: dict, mechanisms: dict) -> list[tuple]:
+    """The configuration table: every device as planned, and what realised each property here."""
+    rows = []
+    for d in [d for d in (plan.get("server"), plan.get("evaluator"), *plan.get("workers", [])) if d][:MAX_DEVICE_ROWS]:
+        link = d.get("link") or {}
+        mech = mechanisms.get(d["name"], {})
+        used = "; ".join(f"{k}: {v}" for k, v in mech.items() if isinstance(v, str) and v != "unshaped" and k != "boot")
+        rows.append((d["name"], d.get("group", ""), f"{d.get('cpus', 0):.3g}", format_bytes(d.get("memory_bytes") or 0),
+                     _rate(link.get("uplink_bps")), _rate(link.get("downlink_bps")),
+                     format_duration(link.get("delay_s") or 0) if link.get("delay_s") else "-",
+                     format_duration(link.get("jitter_s") or 0) if link.get("jitter_s") else "-",
+                     f"{link['loss']:.3%}" if link.get("loss") else "-", used or "-"))
+    return rows
+
+
+def _rate3(bps: float) -> str:
+    """A measured rate to three significant digits: ``999kbit``, ``2mbit``."""
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bps >= scale * 0.9995:
+            return f"{bps / scale:.3g}{unit}"
+    return f"{bps:.3g}bit"
+
+
+_FIDELITY_UNITS = {"uplink_bps": _rate3, "downlink_bps": _rate3, "rtt_s": lambda v: f"{v * 1000:.1f} ms",
+                   "cpu_quota": lambda v: f"{v:.3g} cores", "cpu_share": lambda v: f"{v:.3g} cores"}
+_FIDELITY_NAMES = {"uplink_bps": "uplink (TCP goodput)", "downlink_bps": "downlink (TCP goodput)", "rtt_s": "round trip",
+                   "cpu_quota": "CPU quota (read back)", "cpu_share": "CPU share under load"}
+
+
+def fidelity_rows(report: dict) -> list[tuple]:
+    """The fidelity check's own results: configured against measured, per device and property."""
+    rows = []
+    for device, checks in (report.get("devices") or {}).items():
+        for prop, row in (checks or {}).items():
+            if not isinstance(row, dict) or (row.get("configured") is None and row.get("measured") is None):
+                continue
+            show = _FIDELITY_UNITS.get(prop, lambda v: f"{v:.4g}")
+            cell = lambda v: show(v) if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)) else "-"  # noqa: E731
+            rel = row.get("relative_error")
+            verdict = {True: "yes", False: "**no**", None: "-"}.get(row.get("ok"), "-")
+            rows.append((device, _FIDELITY_NAMES.get(prop, prop), cell(row.get("configured")), cell(row.get("measured")),
+                         f"{rel:+.1%}" if isinstance(rel, (int, float)) else "-", verdict))
+    return rows
+
+
+def bound_rows(bounds: pd.DataFrame) -> list[tuple]:
+    def share(value, of: str) -> str:
+        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.0%} of {of}"
+
+    return [(r["device"], r["group"] or "", share(r["cpu_share"], f"{r['cpus']:.3g} cpu"),
+             share(r["up_share"], _rate(r["uplink_bps"])) if r["uplink_bps"] else "unshaped",
+             share(r["down_share"], _rate(r["downlink_bps"])) if r["downlink_bps"] else "unshaped", r["bound"])
+            for r in bounds.to_dict("records")]
+
+
 def run_report(run: Run, out: Path) -> list[Block]:
     row = summary_row(run)
     blocks = [Block("h1", f"Run {run.run_id}")]
     if not run.summary:
-        blocks.append(Block("p", "No `summary.json`: the run did not finish (killed or still running). "
-                                 "The numbers below are rebuilt from the traces written so far."))
+        damaged = (run.path / "summary.json").exists()
+        blocks.append(Block("p", ("`summary.json` is damaged (see the notes at the end): " if damaged else
+                                  "No `summary.json`: the run did not finish (killed or still running). ")
+                                 + "The numbers below are rebuilt from the traces written so far."))
     blocks += [Block("h2", "Summary"), Block("table", headers=tuple(SUMMARY_HEADERS), rows=(tuple(summary_cells(row)),)),
                Block("table", headers=("detail", "value"), rows=tuple(tuple(r) for r in _details(run)))]
+    mechanisms = load_json(run.path, "mechanisms.json")
+    devices = device_rows(run.plan, mechanisms)
+    if devices:
+        total = 2 + len(run.plan.get("workers", []))
+        blocks += [Block("h2", "Devices as configured"),
+                   Block("p", "Each device as the plan drew it (`plan.json`), and the mechanism that realised each property "
+                              "on this backend (`mechanisms.json`)."
+                              + (f" The first {MAX_DEVICE_ROWS} of {total} devices." if total > MAX_DEVICE_ROWS else "")),
+                   Block("table", headers=("device", "group", "cpus", "memory", "uplink", "downlink", "delay", "jitter", "loss",
+                                           "realised by"), rows=tuple(devices))]
+    fidelity = load_json(run.path, "fidelity.json")
+    if fidelity:
+        rows = fidelity_rows(fidelity)
+        failures = fidelity.get("failures") or []
+        blocks += [Block("h2", "Fidelity: configured against measured"),
+                   Block("p", f"Measured before training (`fidelity.json`), tolerance {fidelity.get('tolerance', 0):.0%}: "
+                              + (f"{len(failures)} propert{'y' if len(failures) == 1 else 'ies'} off by more." if failures
+                                 else "every measured property within it.")
+                              + " Link rates are compared as the TCP goodput of the configured line rate."),
+                   Block("table", headers=("device", "property", "configured", "measured", "error", "within"), rows=tuple(rows))]
+    else:
+        blocks += [Block("h2", "Fidelity: configured against measured"),
+                   Block("p", "Not measured (`--no-fidelity`, or the run ended before its check).")]
+    bounds = worker_bounds(run)
+    if len(bounds):
+        counts = bounds["bound"].value_counts().to_dict()
+        blocks += [Block("h2", "What bounded each worker"),
+                   Block("p", "Share of each worker's CPU quota, uplink and downlink it used over training (CPU seconds; bytes "
+                              f"pushed and received, headers included, against the configured rate). The largest, if at least "
+                              f"{BUSY:.0%}, is what held the worker's rate down; below that for all three, it waited on the "
+                              "server. " + ", ".join(f"{n} worker{'s' if n > 1 else ''}: {b}" for b, n in counts.items()) + "."),
+                   Block("table", headers=("worker", "group", "CPU used", "uplink used", "downlink used", "bounded by"),
+                         rows=tuple(bound_rows(bounds)))]
     skipped: list[str] = []
     figure_blocks = run_figures(run, out, skipped)
     blocks += [Block("h2", "Figures"), *figure_blocks]
@@ -337,12 +447,35 @@ def collection_report(c: Collection, out: Path, per_run: bool) -> list[Block]:
 # -- entry point -------------------------------------------------------------------------
 
 
-def build_report(path: str | Path, *, per_run: bool = False) -> Path:
+def build_report(path: str | Path, *, per_run: bool = False, problems: list[str] | None = None) -> Path:
     """Write the report of a run, sweep or folder of runs into ``<path>/report/``; returns that folder.
 
     ``per_run``: for many runs, also build each run's own report and link it from the runs table.
+    A damaged file or record (cut off, not JSON, a field of the wrong type) is skipped, named by
+    file and line in the report's notes and appended to ``problems``; the report shows the rest.
     """
-    path = Path(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = _build_report(Path(path), per_run)
+    found = list(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, UserWarning)))
+    if found:
+        _append_notes(out, found)
+    if problems is not None:
+        problems += found
+    return out
+
+
+def _append_notes(out: Path, notes: list[str]) -> None:
+    """Add the damaged files' notes to the report already written."""
+    block = [Block("h2", "Damaged records (skipped)"), Block("list", rows=tuple(f"`{n}`" for n in notes))]
+    md = out / "report.md"
+    md.write_text(md.read_text() + "\n" + render_markdown(block))
+    page = out / "report.html"
+    body = render_html(block, "").split("<body>", 1)[1].rsplit("</body>", 1)[0]
+    page.write_text(page.read_text().replace("</body></html>", body + "</body></html>"))
+
+
+def _build_report(path: Path, per_run: bool) -> Path:
     out = path / REPORT_DIR
     single = is_run_dir(path) and not is_sweep_dir(path)
     runs = None if single else load_collection(path)  # FileNotFoundError before anything is written

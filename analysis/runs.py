@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,15 +43,53 @@ NO_WORKER = 0xFFFFFFFF  # the server's worker id for the evaluator's and probes'
 
 
 def _read_json(path: Path) -> dict:
+    """The file's object; ``{}`` when it is absent, and also, with a warning naming the file and
+    the place, when it is damaged (a run killed while writing it)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = path.read_text(errors="replace")
+    except OSError:
         return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        warnings.warn(f"{path}: line {exc.lineno}, column {exc.colno}: {exc.msg} (cut off?); read as if absent", stacklevel=2)
+        return {}
+    except (ValueError, RecursionError) as exc:
+        warnings.warn(f"{path}: not valid JSON ({exc}); read as if absent", stacklevel=2)
+        return {}
+    if not isinstance(data, dict):
+        warnings.warn(f"{path}: a JSON {type(data).__name__}, not an object; read as if absent", stacklevel=2)
+        return {}
+    return data
+
+
+def _is_number(value) -> bool:
+    return value is None or isinstance(value, (int, float))  # bool is an int: final
+
+
+def _records(path: Path, stream: str) -> list[dict]:
+    """The stream's records; one whose numeric field holds something else is skipped with a
+    warning naming the file, line and field, so that one damaged line costs one record."""
+    numeric = [c for c in ("ts", *COLUMNS[stream]) if c not in TEXT_COLUMNS]
+    kept = []
+    for number, record in read_jsonl(path, numbered=True):
+        wrong = next((c for c in numeric if not _is_number(record.get(c))), None)
+        if wrong is not None:
+            warnings.warn(f"{path}:{number}: field {wrong!r} is {record[wrong]!r}, not a number; record skipped", stacklevel=2)
+            continue
+        kept.append(record)
+    return kept
 
 
 def load_summary(run: str | Path) -> dict:
     """``summary.json`` as written at the end of the run; ``{}`` when the run never finished."""
     return _read_json(Path(run) / "summary.json")
+
+
+def load_json(run: str | Path, name: str) -> dict:
+    """A JSON file of the run directory (``fidelity.json``, ``mechanisms.json``); ``{}`` when absent
+    or damaged (then with a warning naming it)."""
+    return _read_json(Path(run) / name)
 
 
 def load_plan(run: str | Path) -> dict:
@@ -82,7 +121,7 @@ def load_stream(run: str | Path, stream: str, start_ts: float | None = None) -> 
         raise ValueError(f"unknown stream {stream!r}; known: {', '.join(STREAMS)}")
     run = Path(run)
     start = training_start_ts(run) if start_ts is None else start_ts
-    frame = pd.DataFrame.from_records(read_jsonl(run / f"{stream}.jsonl"))
+    frame = pd.DataFrame.from_records(_records(run / f"{stream}.jsonl", stream))
     for column in ("ts", *COLUMNS[stream]):
         if column not in frame.columns:
             frame[column] = pd.Series(dtype="object" if column in TEXT_COLUMNS else "float64")

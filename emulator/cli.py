@@ -30,7 +30,8 @@ from emulator.backends.swarm import push_images
 from emulator.host import images as image_lib
 from emulator.planning.plan import check_dataset, make_plan
 from emulator.control.rundir import RunIdError, check_run_id
-from emulator.control.run import RunFailed, run_scenario
+from emulator.control.run import RunFailed, check_host, run_scenario
+from emulator.control.summary import FLAGGED
 from emulator.planning.loader import load_scenario
 from emulator.planning.problems import ScenarioError
 from emulator.planning.scenario import json_schema
@@ -63,14 +64,16 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT):
 
 
 def _writable(path, option: str) -> None:
-    """Exit 2 naming the option when ``path`` cannot hold run directories (made here if missing),
-    so that a typo or a read-only folder is bad input, not a traceback after the first run."""
+    """Exit 2 naming the option when ``path`` cannot hold what the command writes, so that a typo
+    or a read-only folder is bad input, not a traceback after the first run. Nothing is made
+    here: a refused command leaves no folder behind."""
     target = Path(path)
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        _fail(f"{option} {path}: cannot make the directory: {exc.strerror or exc}")
-    if not os.access(target, os.W_OK | os.X_OK):
+    existing = target
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        _fail(f"{option} {path}: cannot make the directory: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
         _fail(f"{option} {path}: not writable by this user")
 
 
@@ -88,26 +91,108 @@ def _docker_client():
         _fail(f"no Docker daemon answers ({exc}); start one (as root, make demo installs and starts it)")
 
 
-def _load(path: str, overrides: tuple[str, ...], run_code: bool = False):
-    """The scenario, its raw mapping and its plan; ``run_code``: also import and check the user's files
-    (a loader, a model, a compressor, a rule), as a run does first. Exit 2 naming what is wrong."""
+def _load(path: str, overrides: tuple[str, ...], *, data: bool = True, run_code: bool = False):
+    """The scenario, its raw mapping and its plan, or exit 2 naming the field; ``data``: its data set
+    must be here too (a run needs it, a plan does not); ``run_code``: also import and check the user's
+    files (a loader, a model, a compressor, a rule), as a run does first."""
     try:
         scenario, raw = load_scenario(path, list(overrides))
         plan = make_plan(scenario)
         if run_code:
             workload.check_scenario(scenario, plan)  # as a run does first: the user's files imported and checked
-        else:
-            check_dataset(scenario)  # missing or too small data: bad input, found before anything runs
+        elif data:
+            check_dataset(scenario)  # a missing or too small dataset is bad input, found before anything runs
     except ScenarioError as exc:
         if not exc.source:
             exc = ScenarioError(exc.problems, path)
-        click.echo(exc.render(), err=True)
+        click.echo(_blamed(exc, overrides).render(), err=True)
         sys.exit(EXIT_BAD_INPUT)
     return scenario, raw, plan
 
 
+def _blamed(exc: ScenarioError, overrides) -> ScenarioError:
+    """The problems, each one that a ``--set`` put there saying so: the user typed the option,
+    not the file's line."""
+    def blame(problem):
+        for override in overrides:
+            key = override.split("=", 1)[0].strip()
+            if key and (problem.path == key or problem.path.startswith((key + ".", key + "["))):
+                return type(problem)(problem.path, f"{problem.message} (from --set {override})")
+        return problem
+
+    return ScenarioError([blame(p) for p in exc.problems], exc.source)
+
+
 set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                           help="Override a scenario value, e.g. --set workers[0].count=8 (repeatable).")
+
+# The options run, compare and sweep share: one declaration each, so that the same name means the
+# same thing with the same default everywhere (tests/test_cli.py walks the commands to keep it so).
+OPTIONS = {
+    "backend": click.option("--backend", type=click.Choice(backends.CHOICES), default=None,
+                            help="Overrides the scenario's backend: (default: the scenario's; auto: docker when a daemon answers, else local)."),
+    "set": set_option,
+    "out": click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False),
+                        help="Where results go: a run's directory, a comparison's or a sweep's folder is made in it."),
+    "dir": click.option("--dir", "directory", default=None, type=click.Path(file_okay=False),
+                        help="This experiment's own folder (default: a new one in --out); a rerun into it reuses its completed runs."),
+    "repeat": click.option("--repeat", default=1, show_default=True, type=click.IntRange(1),
+                           help="Repetitions with derived seeds (repetition 0: the scenario's seed; compare: each one seed for every method)."),
+    "jobs": click.option("--jobs", default=None, type=click.IntRange(1),
+                         help="Runs at once (default: CPU count / the heaviest run's summed device CPU quotas, at least 1)."),
+    "strict": click.option("--strict", is_flag=True, help="Abort a run when the fidelity check finds a property off by more than --tolerance."),
+    "tolerance": click.option("--tolerance", default=0.10, show_default=True, type=click.FloatRange(0, 1),
+                              help="Relative tolerance of the fidelity check."),
+    "no_fidelity": click.option("--no-fidelity", is_flag=True, help="Skip the fidelity check before training (saves a few seconds a run)."),
+    "quiet": click.option("--quiet", is_flag=True, help="No live progress lines."),
+    "no_report": click.option("--no-report", is_flag=True, help="Do not write the report (report.html, report.md, figures) at the end."),
+}
+RUNNING = ("backend", "set", "out", "strict", "tolerance", "no_fidelity", "quiet", "no_report")  # every command that runs
+
+
+def options(*names: str):
+    """Decorate a command with the shared options ``names``, in that order."""
+    def decorate(command):
+        for name in reversed(names):
+            command = OPTIONS[name](command)
+        return command
+    return decorate
+
+
+def _backend_of(requested: str | None, scenario, say=None) -> str:
+    """The backend a command runs on: ``--backend``, else the scenario's ``backend:``; exit 2 when
+    this machine lacks it, before any folder is made."""
+    try:
+        return backends.choose(requested or scenario.backend, say=say or _say).name
+    except BackendUnavailable as exc:
+        _fail(str(exc))
+
+
+def _check_host(scenario, backend_name: str, say, source: str = "") -> None:
+    """Exit 2 when a device asks for more cores than this machine has (backends that run here)."""
+    try:
+        check_host(scenario, make_plan(scenario), backends.backend_class(backend_name), say, source=source)
+    except ScenarioError as exc:
+        click.echo(exc.render(), err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _report(directory, no_report: bool) -> None:
+    """Write the report of a run or an experiment, and say where; a report that cannot be drawn is
+    said, and does not change the exit status (the results are in the directory)."""
+    if no_report:
+        return
+    from analysis.report import build_report  # here: matplotlib and pandas, only when there is a report to draw
+
+    problems: list[str] = []
+    try:
+        out = build_report(directory, problems=problems)
+    except Exception as exc:  # noqa: BLE001 - the run's records are what matters; say why there is no report
+        _say(f"report: not written ({type(exc).__name__}: {exc}); emulate report {directory} tries again")
+        return
+    for problem in problems:
+        _say(f"warning: {problem}")
+    click.echo(f"report: {out / 'report.html'} (and report.md, figures beside it)")
 
 
 class _Commands(click.Group):
@@ -129,21 +214,16 @@ def main():
 
 @main.command()
 @click.argument("scenario_file", type=click.Path(dir_okay=False))
-@click.option("--backend", type=click.Choice(["auto", "local", "docker", "swarm"]), default=None, help="Overrides the scenario's backend.")
-@set_option
-@click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False), help="Where run directories go.")
+@options("backend", "set", "out")
 @click.option("--run-id", default=None, help="Name of the run directory (default: time-name-random).")
-@click.option("--strict", is_flag=True, help="Abort when the fidelity check finds a property off by more than its tolerance.")
-@click.option("--tolerance", default=0.10, show_default=True, type=click.FloatRange(0, 1), help="Relative tolerance of the fidelity check.")
-@click.option("--no-fidelity", is_flag=True, help="Skip the fidelity check before training (saves a few seconds).")
-@click.option("--quiet", is_flag=True, help="No live progress lines.")
-def run(scenario_file, backend, overrides, out_root, run_id, strict, tolerance, no_fidelity, quiet):
-    """Run one scenario: devices up, train, record traces, tear down."""
+@options("strict", "tolerance", "no_fidelity", "quiet", "no_report")
+def run(scenario_file, backend, overrides, out_root, run_id, strict, tolerance, no_fidelity, quiet, no_report):
+    """Run one scenario: devices up, train, record traces, tear down; then its report."""
     try:
         summary = run_scenario(scenario_file, out_root, overrides=overrides, backend=backend, run_id=run_id, strict=strict,
                                tolerance=tolerance, check_fidelity=not no_fidelity, progress_every_s=0 if quiet else 2.0, say=_say)
     except ScenarioError as exc:
-        click.echo(exc.render(), err=True)
+        click.echo(_blamed(exc, overrides).render(), err=True)
         sys.exit(EXIT_BAD_INPUT)
     except RunIdError as exc:
         _fail(f"--run-id: {exc}")
@@ -152,18 +232,27 @@ def run(scenario_file, backend, overrides, out_root, run_id, strict, tolerance, 
     except OSError as exc:
         _fail(f"--out {out_root}: cannot make the run directory: {exc.strerror or exc}")
     except RunFailed as exc:  # the summary has been written; say where
-        click.echo(f"run failed: {exc}\nrun directory: {exc.summary.path}", err=True)
+        click.echo(f"failed: {exc.summary.data.get('name', '')} ({exc})\n  run directory    {exc.summary.path}", err=True)
+        _report(exc.summary.path, no_report)
         sys.exit(EXIT_FAILED)
     _print_summary(summary.data, summary.path)
+    _report(summary.path, no_report)
     if summary.status == "interrupted":
         sys.exit(EXIT_INTERRUPTED)
+
+
+def headline(summary: dict) -> str:
+    """The word a user reads first: the outcome where the model is not worth reading (``diverged``,
+    ``dead``), else how the run ended (``completed``, ``interrupted``, ``failed``)."""
+    outcome = summary.get("outcome")
+    return outcome if outcome in FLAGGED else summary.get("status", "failed")
 
 
 def _print_summary(summary: dict, path) -> None:
     acc = summary.get("final_accuracy")
     accuracy = f"{acc:.4f} at update {summary.get('final_version')}" if acc is not None else "(none recorded)"
     lines = [
-        f"{summary['status']}: {summary['name']} ({summary['method']}, {summary['workers']} workers, {summary['backend']})",
+        f"{headline(summary)}: {summary['name']} ({summary['method']}, {summary['workers']} workers, {summary['backend']})",
         f"  final accuracy   {accuracy}",
         f"  updates applied  {summary['updates_applied']} in {summary['duration_s']:.1f}s ({summary['updates_per_s'] or 0:.1f}/s)",
         f"  ingress payload  {format_bytes(summary['ingress_payload_bytes'])} ({summary['ingress_payload_bytes']:,} bytes)",
@@ -181,8 +270,18 @@ def _print_summary(summary: dict, path) -> None:
 @click.option("--import", "run_code", is_flag=True,
               help="Also import and check the user's files the scenario names, as a run does (plan alone never runs them).")
 def plan(scenario_file, overrides, as_json, run_code):
-    """Show the resolved plan: every device and every fault, without running anything."""
-    _, _, resolved = _load(scenario_file, overrides, run_code=run_code)
+    """Show the resolved plan: every device and every fault, without running anything (nor its data set)."""
+    scenario, _, resolved = _load(scenario_file, overrides, data=False, run_code=run_code)
+    if not run_code and datasets.source_kind(scenario.dataset) == "name":
+        try:
+            datasets.facts(scenario.dataset)
+        except datasets.DatasetUnavailable as exc:  # showing the plan needs no data; running it will
+            _say(f"note: running this plan needs data set {scenario.dataset.name!r}, which is not here: {str(exc).splitlines()[0]}")
+            scenario = None
+        except ValueError:
+            pass  # a malformed data file: the check below names it with its field, exit 2
+    if scenario is not None and not run_code:
+        _load(scenario_file, overrides)  # data that are here are checked: a set too small for the scenario is bad input
     if as_json:
         click.echo(resolved.dumps(), nl=False)
         return
@@ -234,38 +333,31 @@ def render_plan(p) -> str:
 @click.argument("scenario_file", type=click.Path(dir_okay=False))
 @click.option("-m", "--method", "methods", multiple=True, required=True, metavar="SPEC",
               help="A method to run: NAME[:KEY=VALUE]..., e.g. adacomp, qsgd:s=4, topk:c=0.001:error_feedback=true, asgd:training.learning_rate=0.05 (repeatable).")
-@click.option("--backend", type=click.Choice(["auto", "local", "docker", "swarm"]), default="auto", show_default=True)
-@set_option
-@click.option("--out", "out_root", default="runs", show_default=True, type=click.Path(file_okay=False))
-@click.option("--dir", "directory", default=None, type=click.Path(file_okay=False),
-              help="The comparison's directory (default: a new <out>/compare-<name>-<time>); a rerun into it reuses its completed runs.")
-@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1),
-              help="Paired repetitions: repetition r runs every method with the same derived seed (r = 0: the scenario's).")
+@options("backend", "set", "out", "dir", "repeat", "jobs")
 @click.option("--target-accuracy", type=click.FloatRange(0, 1), default=None,
               help="Accuracy for the time-to-target column (default: 90% of the best mean final accuracy).")
-@click.option("--no-fidelity", is_flag=True, help="Skip each run's fidelity check.")
-@click.option("--quiet", is_flag=True, help="No live progress lines.")
-def compare(scenario_file, methods, backend, overrides, out_root, directory, repeat, target_accuracy, no_fidelity, quiet):
+@options("strict", "tolerance", "no_fidelity", "quiet", "no_report")
+def compare(scenario_file, methods, backend, overrides, out_root, directory, repeat, jobs, target_accuracy, strict, tolerance,
+            no_fidelity, quiet, no_report):
     """Run one scenario once per method and repetition (each repetition one seed for every method):
     one table with intervals, paired differences, one figure."""
-    from emulator.experiments.compare import compare as run_compare  # here: it brings pandas, which the other commands do without
+    from emulator.experiments.compare import compare as run_compare, plan_comparison  # here: pandas, which the other commands do without
 
-    _load(scenario_file, overrides)  # refuse a bad scenario before anything runs
+    scenario, _, _ = _load(scenario_file, overrides)  # refuse a bad scenario before anything runs
     try:
-        backends.choose(backend, say=lambda _msg: None)  # and a backend this machine lacks, before any folder is made
-    except BackendUnavailable as exc:
-        _fail(str(exc))
-    if directory:
-        _writable(directory, "--dir")
-    else:
-        _writable(out_root, "--out")
-    try:
-        out = run_compare(scenario_file, list(methods), out_root, backend=backend, overrides=list(overrides),
-                          say=(lambda msg: None) if quiet else _say, target_accuracy=target_accuracy,
-                          check_fidelity=not no_fidelity, repeat=repeat, directory=directory)
+        plan_comparison(scenario_file, list(methods), overrides, repeat)  # and a bad -m, blamed on it
     except ScenarioError as exc:
-        click.echo(exc.render(), err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _refuse(exc)
+    backend_name = _backend_of(backend, scenario, say=lambda _msg: None)  # and a backend this machine lacks
+    _check_host(scenario, backend_name, lambda _msg: None, scenario_file)  # each run says its notes
+    _writable(directory, "--dir") if directory else _writable(out_root, "--out")
+    try:
+        out = run_compare(scenario_file, list(methods), out_root, backend=backend_name, overrides=list(overrides),
+                          say=(lambda msg: None) if quiet else _say, target_accuracy=target_accuracy,
+                          check_fidelity=not no_fidelity, strict=strict, tolerance=tolerance, repeat=repeat,
+                          directory=directory, jobs=jobs)
+    except ScenarioError as exc:
+        _refuse(exc)
     except BackendUnavailable as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
@@ -273,6 +365,17 @@ def compare(scenario_file, methods, backend, overrides, out_root, directory, rep
         sys.exit(EXIT_INTERRUPTED)
     click.echo((Path(out) / "compare.md").read_text())
     click.echo(f"comparison: {out}")
+    _report(out, no_report)
+
+
+def _refuse(exc: ScenarioError):
+    """Exit 2: a scenario's problems under its file's name, an option's as ``error: OPTION ...``."""
+    if not exc.source and all(p.path.startswith("-") for p in exc.problems):
+        for problem in exc.problems:
+            click.echo(f"error: {problem}", err=True)
+    else:
+        click.echo(exc.render(), err=True)
+    sys.exit(EXIT_BAD_INPUT)
 
 
 @main.command()
@@ -429,10 +532,15 @@ def report(path, per_run):
     """Figures and tables of a run, a sweep or a folder of runs, written to PATH/report/."""
     from analysis.report import build_report  # here: matplotlib and pandas, for this command only
 
+    problems: list[str] = []
     try:
-        out = build_report(path, per_run=per_run)
+        out = build_report(path, per_run=per_run, problems=problems)
     except FileNotFoundError as exc:
         _fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - no traceback for a damaged directory: say what, and where to look
+        _fail(f"{path}: the report could not be drawn ({type(exc).__name__}: {exc})", EXIT_FAILED)
+    for problem in problems:  # damaged files and lines, skipped: named, and in the report's notes
+        _say(f"warning: {problem}")
     click.echo(f"report: {out / 'report.html'} (and report.md, figures beside it)")
 
 
@@ -459,9 +567,9 @@ def traces_convert(source, infile, out, downlink, window, min_rate, sample, seed
     if wrong:
         _fail(f"{wrong[0]} does not apply to --from {source}")
     try:
-        options = {"mahimahi": lambda: {"downlink": downlink, "window_s": parse_duration(window or "1s"),
-                                        "min_rate_bps": parse_rate(min_rate or "10kbit")},
-                   "plato": lambda: {"length_s": parse_duration(length) if length else None}}.get(
+        options = {"mahimahi": lambda: {"downlink": downlink, "window_s": _parsed(parse_duration, window or "1s", "--window"),
+                                        "min_rate_bps": _parsed(parse_rate, min_rate or "10kbit", "--min-rate")},
+                   "plato": lambda: {"length_s": _parsed(parse_duration, length, "--length") if length else None}}.get(
             source, lambda: {"sample": sample, "seed": seed})()
         result = tracegen.convert(source, infile, out, **options)
     except ValueError as exc:  # TraceError names the file, line and field
@@ -469,11 +577,19 @@ def traces_convert(source, infile, out, downlink, window, min_rate, sample, seed
     click.echo(f"{out}: " + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()))
 
 
+def _parsed(parse, text: str, option: str) -> float:
+    """``parse(text)``, or a ValueError that names the option as the user typed it."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{option} {text}: {exc}") from None
+
+
 @traces_group.command("generate")
 @click.argument("kind", type=click.Choice(tracegen.GENERATORS))
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--devices", type=click.IntRange(1), default=8, show_default=True)
-@click.option("--duration", default="10min", show_default=True, help="Trace time covered.")
+@click.option("--devices", type=click.IntRange(1, 1_000_000), default=8, show_default=True)
+@click.option("--duration", default="10min", show_default=True, help="Trace time covered (a bare number is seconds).")
 @click.option("--seed", type=click.IntRange(0), default=0, show_default=True)
 @click.option("--window", default="2s", show_default=True, help="link, compute, mahimahi: one value per window.")
 @click.option("--availability", type=click.FloatRange(0, 1, min_open=True), default=0.7, show_default=True,
@@ -499,28 +615,24 @@ def traces_generate(kind, out, devices, duration, seed, window, availability, me
 @click.option("--grid", multiple=True, metavar="KEY=V1,V2,...",
               help="A grid axis: a --set key and its values (YAML, split at top-level commas), e.g. "
                    "--grid faults.crash.rate_per_hour=0,30,120 (repeatable: the grid is the Cartesian product).")
-@click.option("--repeat", default=1, show_default=True, type=click.IntRange(1), help="Repetitions of each grid point (derived seeds).")
-@click.option("--jobs", default=None, type=click.IntRange(1),
-              help="Runs at once (default: CPU count / the heaviest run's summed device CPU quotas, at least 1).")
-@click.option("--out", "directory", default=None, type=click.Path(file_okay=False),
-              help="The sweep directory (default: runs/sweeps/<name>-<digest of scenario, overrides, grid, backend>).")
-@click.option("--backend", type=click.Choice(["auto", "local", "docker", "swarm"]), default=None, help="Overrides the scenario's backend.")
-@set_option
-@click.option("--no-fidelity", is_flag=True, help="Skip each run's fidelity check.")
-@click.option("--no-report", is_flag=True, help="Do not write sweep.md, sweep.csv and the report at the end.")
-def sweep(scenario_file, grid, repeat, jobs, directory, backend, overrides, no_fidelity, no_report):
-    """Run a scenario over a grid of values, each point repeated; finished runs are reused on a rerun."""
+@options("backend", "set", "out", "dir", "repeat", "jobs", *RUNNING[3:])
+def sweep(scenario_file, grid, backend, overrides, out_root, directory, repeat, jobs, strict, tolerance, no_fidelity, quiet, no_report):
+    """Run a scenario over a grid of values, each point repeated; finished runs are reused on a rerun.
+    The sweep's folder is --dir, else <out>/sweeps/<name>-<digest of scenario, overrides, grid, backend>."""
     scenario, _, _ = _load(scenario_file, overrides)
-    try:
-        backend_name = backends.choose(backend or scenario.backend, say=_say).name
-    except BackendUnavailable as exc:
-        _fail(str(exc))
+    backend_name = _backend_of(backend, scenario, say=(lambda msg: None) if quiet else _say)
+    say = (lambda msg: None) if quiet else _say
     try:
         spec = Sweep.from_options(scenario_file, grid, repeat=repeat, overrides=tuple(overrides), backend=backend_name,
-                                  check_fidelity=not no_fidelity)
-        spec.plan()  # every grid point checked before the directory is made
-        _writable(directory or default_directory(spec), "--out")
-        result = run_sweep(spec, directory or default_directory(spec), jobs=jobs, say=_say)
+                                  check_fidelity=not no_fidelity, strict=strict, tolerance=tolerance)
+        planned = spec.plan()  # every grid point checked before the directory is made
+        where = directory or default_directory(spec, Path(out_root) / "sweeps")
+        _writable(where, "--dir" if directory else "--out")
+        noted = False
+        for point in planned:  # quotas this machine cannot give; a note about their sum once
+            _check_host(point.scenario, backend_name, (lambda msg: None) if noted else say, scenario_file)
+            noted = True
+        result = run_sweep(spec, where, jobs=jobs, say=say)
     except SweepError as exc:
         click.echo(exc.render(), err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -528,10 +640,14 @@ def sweep(scenario_file, grid, repeat, jobs, directory, backend, overrides, no_f
     click.echo(f"sweep: {result.count('completed')}/{len(result.runs)} runs completed in {result.directory}")
     for entry in failed:
         click.echo(f"  {entry['run_id']}: {entry['status']}" + (f" ({entry['error']})" if entry.get("error") else ""))
-    if not no_report and result.count("completed"):
-        from analysis.report import build_report  # matplotlib and pandas: only when there is a report to draw
+    if result.count("completed"):
+        if no_report:  # the sweep's own tables are written all the same
+            from analysis.runs import load_collection  # pandas: only for a sweep's tables
+            from analysis.sweep import write_tables
 
-        click.echo(f"report: {build_report(result.directory) / 'report.html'} (table: {result.directory / 'sweep.md'})")
+            write_tables(load_collection(result.directory))
+        click.echo(f"table: {result.directory / 'sweep.md'}")
+        _report(result.directory, no_report)
     if result.interrupted:
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(EXIT_FAILED if failed else 0)

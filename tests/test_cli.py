@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import re
 from pathlib import Path
 
@@ -285,7 +286,7 @@ def test_compare_on_an_inactive_swarm_is_bad_input(tmp_path):
     ("workers[0].cpus=0,1", "grid point 0 (workers[0].cpus=0): workers[0].cpus: must be > 0, got 0"),
 ])
 def test_sweep_refuses_a_bad_grid(tmp_path, grid, problem):
-    result = invoke("sweep", str(QUICKSTART), "--backend", "local", "--grid", grid, "--out", str(tmp_path / "sweep"))
+    result = invoke("sweep", str(QUICKSTART), "--backend", "local", "--grid", grid, "--dir", str(tmp_path / "sweep"))
     assert result.exit_code == 2, result.output
     assert result.stderr.splitlines()[-2:] == ["invalid sweep:", f"  {problem}"]
     assert not (tmp_path / "sweep").exists()
@@ -464,7 +465,176 @@ def test_the_schema_accepts_every_scenario_file():
 def test_an_output_folder_that_cannot_be_made_is_bad_input(tmp_path, command):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    extra = ["-m", "adacomp", "--out", str(blocker / "runs")] if command == "compare" else ["--out", str(blocker / "sweep")]
+    extra = ["-m", "adacomp", "--out", str(blocker / "runs")] if command == "compare" else ["--dir", str(blocker / "sweep")]
     result = invoke(command, str(QUICKSTART), "--backend", "local", *extra)
     assert result.exit_code == 2, result.output
-    assert error_line(result).startswith(f"error: --out {blocker}/") and "cannot make the directory" in error_line(result)
+    option = "--out" if command == "compare" else "--dir"
+    assert error_line(result).startswith(f"error: {option} {blocker}/") and "cannot make the directory" in error_line(result)
+
+
+# -- one vocabulary for the commands that run -----------------------------------------------
+
+RUNNING_COMMANDS = ("run", "compare", "sweep")
+EVERY_RUNNING_COMMAND = {"--backend", "--set", "--out", "--strict", "--tolerance", "--no-fidelity", "--quiet", "--no-report"}
+EXPERIMENTS = {"--dir", "--repeat", "--jobs"}  # many runs: compare and sweep
+
+
+def _declaration(option: "click.Option") -> tuple:
+    return (tuple(option.opts), option.name, repr(option.type), option.default, option.is_flag, option.multiple,
+            option.help, option.show_default, option.metavar)
+
+
+def test_the_commands_that_run_share_one_vocabulary():
+    """The same option name means the same thing, with the same default and help, on every command
+    that has it; every option that makes sense on a command is there."""
+    import click
+
+    declared: dict[str, dict[str, tuple]] = {}
+    for command in (*RUNNING_COMMANDS, "plan", "report"):
+        for param in main.commands[command].params:
+            if isinstance(param, click.Option):
+                for opt in param.opts:
+                    declared.setdefault(opt, {})[command] = _declaration(param)
+    disagreements = {opt: by for opt, by in declared.items() if len(set(by.values())) > 1}
+    assert not disagreements, disagreements
+    for command in RUNNING_COMMANDS:
+        missing = EVERY_RUNNING_COMMAND - set(declared_on(command))
+        assert not missing, (command, missing)
+    for command in ("compare", "sweep"):
+        assert not EXPERIMENTS - set(declared_on(command)), command
+
+
+def declared_on(command: str) -> list[str]:
+    import click
+
+    return [opt for p in main.commands[command].params if isinstance(p, click.Option) for opt in p.opts]
+
+
+def test_backend_defaults_to_the_scenarios_everywhere():
+    for command in RUNNING_COMMANDS:
+        option = next(p for p in main.commands[command].params if p.name == "backend")
+        assert option.default is None, command  # None: the scenario's backend:
+
+
+def test_compare_honours_the_scenarios_backend(tmp_path, monkeypatch):
+    """A backend: local scenario runs on local under compare too, not on whatever auto finds."""
+    import emulator.experiments.compare as compare_module
+
+    chosen = []
+    scenario = tmp_path / "local.yaml"
+    scenario.write_text(QUICKSTART.read_text() + "backend: local\n")
+    monkeypatch.setattr(compare_module, "compare", lambda *a, **k: chosen.append(k["backend"]) or sys.exit(0))
+    invoke("compare", str(scenario), "-m", "asgd", "--out", str(tmp_path / "out"))
+    assert chosen == ["local"]
+
+
+def test_a_bad_method_spec_is_blamed_on_m_and_leaves_no_folder(tmp_path):
+    out = tmp_path / "out"
+    line = error_line(invoke("compare", str(QUICKSTART), "-m", "adacom", "--backend", "local", "--out", str(out)))
+    assert line.startswith("error: -m adacom: method.name: unknown method 'adacom'; known: "), line
+    assert not out.exists()
+    line = error_line(invoke("compare", str(QUICKSTART), "-m", "asgd", "-m", "asgd", "--backend", "local", "--dir", str(out)))
+    assert line == "error: -m: 'asgd' given twice"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [["run"], ["compare", "-m", "asgd"], ["sweep", "--grid", "seed=1,2"]])
+def test_a_refused_command_leaves_no_folder(tmp_path, command):
+    out = tmp_path / "deep" / "out"
+    result = invoke(command[0], str(QUICKSTART), *command[1:], "--backend", "local", "--set", "workers[0].uplink=10mbps",
+                    "--out", str(out))
+    assert result.exit_code == 2, result.output
+    assert "'10mbps' is ambiguous" in result.stderr
+    assert not (tmp_path / "deep").exists()
+
+
+# -- units: what users mean ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, bits, byte", [("10mbps", "10mbit", "10MB/s"), ("10Mbps", "10mbit", "10MB/s"),
+                                               ("10MBPS", "10mbit", "10MB/s"), ("125kbps", "125kbit", "125kB/s"),
+                                               ("1gbps", "1gbit", "1GB/s")])
+def test_an_ambiguous_rate_in_set_is_refused_with_both_readings_and_blames_set(value, bits, byte):
+    result = invoke("plan", str(QUICKSTART), "--set", f"workers[0].uplink={value}")
+    assert result.exit_code == 2
+    assert f"workers[0].uplink: '{value}' is ambiguous" in result.stderr
+    assert f"write {bits} for" in result.stderr and f"or {byte} for" in result.stderr
+    assert result.stderr.rstrip().endswith(f"(from --set workers[0].uplink={value})")
+
+
+def test_an_ambiguous_rate_in_a_grid_is_refused_naming_the_point(tmp_path):
+    result = invoke("sweep", str(QUICKSTART), "--backend", "local", "--grid", "workers[0].uplink=2mbit,10mbps",
+                    "--dir", str(tmp_path / "sweep"))
+    assert result.exit_code == 2, result.output
+    assert "grid point 1 (workers[0].uplink=10mbps): workers[0].uplink: '10mbps' is ambiguous" in result.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize("option, value, expected", [
+    ("--up", "10mbps", "error: --up 10mbps: '10mbps' is ambiguous"),
+    ("--down", "1Gbps", "error: --down 1Gbps: '1Gbps' is ambiguous"),
+    ("--duration", "10 parsecs", "error: --duration 10 parsecs: unknown duration unit 'parsecs'"),
+    ("--window", "0", "error: --window 0: must be above zero"),
+])
+def test_traces_generate_names_the_option(tmp_path, option, value, expected):
+    line = error_line(invoke("traces", "generate", "link", str(tmp_path / "t.csv"), option, value))
+    assert line.startswith(expected), line
+    assert not (tmp_path / "t.csv").exists()
+
+
+def test_traces_generate_reads_a_bare_duration_as_seconds(tmp_path):
+    """README: a bare number is seconds; 10 s of 2 s windows is 5 rows per device."""
+    result = invoke("traces", "generate", "link", str(tmp_path / "t.csv"), "--duration", "10", "--devices", "2")
+    assert result.exit_code == 0, result.output
+    assert "rows 10" in result.output
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("workers[0].delay=10", "workers[0].delay: must be at most 5.0s, got 10 (10.0s); a bare number is seconds"),
+    ("workers[0].delay=10m", "workers[0].delay: must be at most 5.0s, got '10m' (10m00s)"),
+    ("workers[0].jitter=6s", "workers[0].jitter: must be at most 5.0s"),
+    ("server.delay=30", "server.delay: must be at most 5.0s"),
+    ("workers[0].uplink=100", "workers[0].uplink: must be at least 1kbit, got 100 (100bit); a bare number is bits/s"),
+    ("workers[0].downlink=1tbit", "workers[0].downlink: must be at most 100gbit"),
+    ("workers[0].cpus=5000", "workers[0].cpus: must be at most 1024"),
+    ("training.max_updates=2000000000", "training.max_updates: must be at most 1,000,000,000 updates, got 2e+09"),
+    ("training.max_updates=1.0e21", "training.max_updates:"),
+])
+def test_bounds_refuse_what_users_do_not_mean(override, expected):
+    result = invoke("plan", str(QUICKSTART), "--set", override)
+    assert result.exit_code == 2, result.output
+    assert expected in result.stderr, result.stderr
+
+
+def test_plan_needs_no_data_set(tmp_path):
+    """Showing the plan of a scenario whose data set is not here works, and says so."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(QUICKSTART.read_text().replace("mnist-5k", "mnist").replace("dataset: {name: mnist,",
+                                                                                       "dataset: {name: mnist, path: /nonexistent/x,"))
+    result = invoke("plan", str(scenario))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("scenario quickstart")
+    assert "note: running this plan needs data set 'mnist', which is not here:" in result.stderr
+
+
+# -- the headline ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status, outcome, word", [
+    ("completed", "ok", "completed"), ("completed", "diverged", "diverged"), ("completed", "dead", "dead"),
+    ("failed", "unknown", "failed"), ("interrupted", "ok", "interrupted"), ("failed", "diverged", "diverged"),
+])
+def test_the_headline_states_the_outcome(status, outcome, word):
+    from emulator.cli import headline
+
+    assert headline({"status": status, "outcome": outcome}) == word
+
+
+def test_a_diverged_run_prints_diverged_first(tmp_path, monkeypatch, capsys):
+    from emulator.cli import _print_summary
+
+    summary = {"status": "completed", "outcome": "diverged", "name": "scale64", "method": "adacomp", "workers": 64,
+               "backend": "docker", "final_accuracy": 0.1, "final_version": 300, "updates_applied": 300, "duration_s": 60.0,
+               "updates_per_s": 5.0, "ingress_payload_bytes": 1000}
+    _print_summary(summary, tmp_path)
+    assert capsys.readouterr().out.splitlines()[0] == "diverged: scale64 (adacomp, 64 workers, docker)"

@@ -1,15 +1,11 @@
 """Backends by name. ``local`` runs plain processes; ``docker`` one container per device; ``swarm``
-one service per device over the nodes of a Docker swarm."""
+one service per device over the nodes of a Docker swarm. Their names are
+:data:`emulator.planning.backends.BACKENDS`, re-exported here."""
 
 from __future__ import annotations
 
 from emulator.backends.base import Backend, BackendUnavailable, Endpoints, RunContext
-
-BACKENDS: dict[str, str] = {
-    "local": "emulator.backends.local:LocalBackend",
-    "docker": "emulator.backends.docker:DockerBackend",
-    "swarm": "emulator.backends.swarm.backend:SwarmBackend",
-}
+from emulator.planning.backends import AUTO, BACKENDS, CHOICES  # the one table of names (see there)
 
 
 def backend_class(name: str) -> type[Backend]:
@@ -25,7 +21,7 @@ def backend_class(name: str) -> type[Backend]:
 
 def choose(requested: str, say=print) -> type[Backend]:
     """``auto``: docker when a daemon answers, else local, and say which and why."""
-    if requested != "auto":
+    if requested != AUTO:
         cls = backend_class(requested)
         ok, why = cls.available()
         if not ok:
@@ -40,4 +36,4 @@ def choose(requested: str, say=print) -> type[Backend]:
     return backend_class("local")
 
 
-__all__ = ["BACKENDS", "Backend", "BackendUnavailable", "Endpoints", "RunContext", "backend_class", "choose"]
+__all__ = ["AUTO", "BACKENDS", "CHOICES", "Backend", "BackendUnavailable", "Endpoints", "RunContext", "backend_class", "choose"]

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 from emulator.runtime.config import LINK_FIELDS, DeviceConfig
 
 if TYPE_CHECKING:  # annotations only: the Swarm node agent imports this package without the controller's dependencies
+    from emulator.host.owner import Owner
     from emulator.planning.plan import DevicePlan, LinkPlan
 
 
@@ -45,8 +46,16 @@ class BackendUnavailable(RuntimeError):
     """This backend cannot run here; the message says why and what to do."""
 
 
+# ``removes(what, run, owner)``: whether ``emulate clean`` removes one resource (its kind and
+# name, its run id, the controller that owns it: :class:`emulator.host.owner.Owner`, None when
+# unlabelled); it also records what stays and why.
+Removes = Callable[[str, str, "Owner | None"], bool]
+
+
 class Backend(ABC):
     name: ClassVar[str]
+    clean_rank: ClassVar[int] = 0  # ``emulate clean`` asks backends in this order (swarm's services own docker objects)
+    cpu_limited_by_host: ClassVar[bool] = True  # devices share this machine's cores (a swarm spreads them over nodes)
 
     def __init__(self, say=None):
         self.say = say or (lambda msg: None)
@@ -55,6 +64,18 @@ class Backend(ABC):
     def available(cls) -> tuple[bool, str]:
         """(usable here, why not)."""
         return True, ""
+
+    @classmethod
+    def diagnose(cls) -> list[tuple[str, str, str]]:
+        """``emulate doctor``'s rows for this backend: (check, ok|warn|fail|info, detail)."""
+        return []
+
+    @classmethod
+    def remove_leftovers(cls, run_id: str | None, removes: Removes, say: Callable[[str], None]) -> tuple[list[str], dict[str, str]]:
+        """``emulate clean``: remove the labelled resources of killed runs (``run_id``: that run's
+        only) for which ``removes`` says so. Returns a line per resource removed, and the run
+        directories (path -> run id) whose working files may go with them."""
+        return [], {}
 
     @abstractmethod
     def prepare(self, ctx: RunContext, devices: tuple[DevicePlan, ...]) -> Endpoints:

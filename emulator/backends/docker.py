@@ -77,6 +77,7 @@ def answering_client(timeout: int = 5):
 
 class DockerBackend(Backend):
     name = "docker"
+    clean_rank = 1
 
     def __init__(self, say=None, image: str | None = None, boot: str | None = None):
         super().__init__(say)
@@ -107,6 +108,65 @@ class DockerBackend(Backend):
         if os.geteuid() != 0:
             return False, "shaping links in containers' namespaces needs root"
         return True, ""
+
+    @classmethod
+    def diagnose(cls):
+        rows = []
+        ok = False
+        try:
+            ok, why = cls.available()
+            if ok:
+                rows.append(("docker", "ok", f"daemon {client(timeout=5).version().get('Version')} answers"))
+            else:
+                rows.append(("docker", "warn", f"{why}; runs fall back to the local backend"))
+        except Exception as exc:  # noqa: BLE001
+            rows.append(("docker", "warn", f"unusable: {exc}"))
+        if os.geteuid() == 0:
+            from emulator.planning.plan import LinkPlan
+
+            features = links.detect()
+            qdiscs = ", ".join(k for k in ("htb", "tbf", "netem") if getattr(features, k)) or "none"
+            rows.append(("kernel qdiscs", "ok" if features.htb or features.tbf else "warn", qdiscs + (f" ({features.detail})" if features.detail else "")))
+            rows.append(("iptables statistic", "ok" if features.iptables_statistic else "warn",
+                         "random drops available" if features.iptables_statistic else "unavailable"))
+            every = LinkPlan(uplink_bps=1e6, downlink_bps=1e6, delay_s=0.01, jitter_s=0.001, loss=0.001)
+            rows.append(("docker links", "info", ", ".join(f"{k} by {v}" for k, v in links.plan_mechanisms(features, every).items())))
+        if ok:
+            try:
+                from emulator.host import images
+
+                status = images.image_status()
+                state = "up to date" if status.get("up_to_date") else "missing or stale (built on first run, or: emulate images build)"
+                rows.append(("runtime image", "ok" if status.get("up_to_date") else "warn", f"{status.get('runtime') or '-'}: {state}"))
+            except Exception as exc:  # noqa: BLE001
+                rows.append(("runtime image", "warn", str(exc)))
+        return rows
+
+    @classmethod
+    def remove_leftovers(cls, run_id, removes, say):
+        """The chosen labelled containers and networks, looked for again until none is left (a
+        killed controller's create requests may still be completed by the daemon)."""
+        docker_client = client(timeout=30)
+        label = f"{RUN_LABEL}={run_id}" if run_id else LABEL
+        removed: list[str] = []
+        run_dirs: dict[str, str] = {}
+        chosen: list[dict] = []
+        for attempt in range(TEARDOWN_ROUNDS):
+            chosen = [o for o in labelled(docker_client, label)
+                      if removes(f"{o['kind']} {o['name']}", o["labels"].get(RUN_LABEL, ""), Owner.from_labels(o["labels"]))]
+            if not chosen:
+                break
+            for obj in chosen:
+                if obj["labels"].get(RUNDIR_LABEL):
+                    run_dirs[obj["labels"][RUNDIR_LABEL]] = obj["labels"].get(RUN_LABEL, "")
+            removed += remove_objects(docker_client, chosen)
+            if attempt + 1 < TEARDOWN_ROUNDS:
+                time.sleep(1.0)
+        else:
+            left = [o["name"] for o in labelled(docker_client, label) if any(o["id"] == c["id"] for c in chosen)]
+            if left:
+                say(f"docker: {len(left)} labelled object(s) still there after {TEARDOWN_ROUNDS} round(s): {', '.join(left)}")
+        return removed, run_dirs
 
     # -- run set-up ----------------------------------------------------------------------
 

@@ -85,6 +85,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class LocalBackend(Backend):
     name = "local"
+    clean_rank = 2
+
+    @classmethod
+    def diagnose(cls):
+        return [("local links", "info", "rate and delay by the in-process transport shaper; loss: none")]
 
     def __init__(self, say=None, use_zygote: bool | None = None):
         super().__init__(say)

@@ -19,17 +19,16 @@ import re
 import shlex
 import shutil
 import subprocess
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from emulator import backends
 from emulator.host import cgroups
 from emulator.host.owner import ALIVE, ORPHAN, Owner, start_ticks, verdict
 
 LEGACY_CHAIN_PREFIX = "EMU-"  # older emulators' host chains: EMU-PROBE, no owner in the name
-DOCKER_ROUNDS = 5  # passes of removal, a second apart, while a killed controller's requests still land
 WORKING = ("devices", "checkpoint")  # a run directory's working files, not its records
 
 
@@ -76,18 +75,15 @@ def clean_all(run_id: str | None = None, say: Callable[[str], None] = print, *, 
     policy = _Policy(run_id, everything, say)
     done = Cleaned()
     done.removed += _remove_cgroups(policy)
-    try:  # swarm first: its services' containers and networks are labelled too, and Swarm owns them
-        from emulator.backends.swarm import remove_swarm_labelled
-        from emulator.backends.docker import RUN_LABEL
-
-        done.removed += remove_swarm_labelled(
-            run_id, say=say, keep=lambda kind, name, labels: not policy.removes(f"{kind} {name}", labels.get(RUN_LABEL, ""), Owner.from_labels(labels)))
-    except Exception as exc:  # noqa: BLE001 - no daemon, no swarm
-        say(f"swarm: skipped ({exc})")
-    try:
-        done.removed += _remove_docker(policy, say)
-    except Exception as exc:  # noqa: BLE001 - no daemon is not an error for clean
-        say(f"docker: skipped ({exc})")
+    for name in sorted(backends.BACKENDS, key=_clean_rank):
+        try:
+            removed, run_dirs = backends.backend_class(name).remove_leftovers(run_id, policy.removes, say)
+        except Exception as exc:  # noqa: BLE001 - no daemon, no swarm, no SDK: not an error for clean
+            say(f"{name}: skipped ({exc})")
+            continue
+        done.removed += removed
+        for path, run in sorted(run_dirs.items()):
+            done.removed += remove_working_files(Path(path), run)
     if run_id is None:  # these belong to a controller, not to a run
         done.removed += remove_probe_leftovers(say, policy) + _remove_build_contexts(policy)
     done.kept = policy.kept_lines()
@@ -102,35 +98,11 @@ def _remove_cgroups(policy: _Policy) -> list[str]:
     return removed
 
 
-def _remove_docker(policy: _Policy, say: Callable[[str], None]) -> list[str]:
-    """Remove the chosen labelled containers and networks, looking again until none is left (a
-    killed controller's create requests may still be completed by the daemon); then the working
-    files of the runs whose objects went."""
-    from emulator.backends.docker import LABEL, RUN_LABEL, RUNDIR_LABEL, client, labelled, remove_objects
-
-    docker_client = client(timeout=30)
-    label = f"{RUN_LABEL}={policy.run_id}" if policy.run_id else LABEL
-    removed: list[str] = []
-    run_dirs: dict[str, str] = {}
-    chosen: list[dict] = []
-    for attempt in range(DOCKER_ROUNDS):
-        chosen = [o for o in labelled(docker_client, label)
-                  if policy.removes(f"{o['kind']} {o['name']}", o["labels"].get(RUN_LABEL, ""), Owner.from_labels(o["labels"]))]
-        if not chosen:
-            break
-        for obj in chosen:
-            if obj["labels"].get(RUNDIR_LABEL):
-                run_dirs[obj["labels"][RUNDIR_LABEL]] = obj["labels"].get(RUN_LABEL, "")
-        removed += remove_objects(docker_client, chosen)
-        if attempt + 1 < DOCKER_ROUNDS:
-            time.sleep(1.0)
-    else:
-        left = [o["name"] for o in labelled(docker_client, label) if any(o["id"] == c["id"] for c in chosen)]
-        if left:
-            say(f"docker: {len(left)} labelled object(s) still there after {DOCKER_ROUNDS} round(s): {', '.join(left)}")
-    for path, run in sorted(run_dirs.items()):
-        removed += remove_working_files(Path(path), run)
-    return removed
+def _clean_rank(name: str) -> int:
+    try:
+        return backends.backend_class(name).clean_rank
+    except Exception:  # noqa: BLE001 - its SDK missing: asked last, and skipped with why
+        return 99
 
 
 def remove_working_files(run_dir: Path, run_id: str) -> list[str]:

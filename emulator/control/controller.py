@@ -38,6 +38,7 @@ from emulator.planning.units import format_duration
 
 FINAL_EVAL_TIMEOUT_S = 300.0
 BOOT_TIMEOUT_S = 600.0
+BOOT_STALL_S = 60.0  # a boot this long without a device becoming ready names the ones it waits for
 TICK_S = 0.1
 PROBE_BATCH = 16
 
@@ -147,7 +148,10 @@ class Emulation:
         self.endpoints = self.backend.prepare(ctx, self.plan.devices)
         self.collector = Collector(self.rundir, self.token, self.endpoints.collector_bind, clock=self.now).start()
         self.collector.observe(self.state.observe)
-        self.rundir.write_json("mechanisms.json", {d.name: self.backend.mechanisms(d) for d in self.plan.devices})
+        mechanisms = {d.name: self.backend.mechanisms(d) for d in self.plan.devices}
+        self.rundir.write_json("mechanisms.json", mechanisms)
+        for line in unemulated(mechanisms, self.backend.name):
+            self.say(line)
         self.event("run_started", run_id=self.rundir.run_id, backend=self.backend.name, dataset=self.shards.source,
                    parameters=self.layout.total, workers=len(self.plan.workers))
         self.say(f"run {self.rundir.run_id}: {len(self.plan.workers)} workers, method {self.plan.method.label}, "
@@ -235,17 +239,36 @@ class Emulation:
             errors = [e for e in self.state.errors if e.get("source") == device]
         return f" ({errors[-1].get('reason')}: {errors[-1].get('detail')})" if errors else ""
 
+    def _stalled(self, missing: list[str], seconds: float, shown: int = 4, lines: int = 3) -> str:
+        """Which devices a boot waits for and the last lines of their logs."""
+        out = [f"[boot {format_duration(self.now()):>6}] no device became ready for {seconds:.0f}s; still waiting for "
+               f"{len(missing)}: {', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''} (gives up after {BOOT_TIMEOUT_S:g}s)"]
+        for name in missing[:shown]:
+            path = self.rundir.path / "logs" / f"{name}.log"
+            try:
+                tail = path.read_text(errors="replace").strip().splitlines()[-lines:]
+            except OSError:
+                tail = []
+            out.append(f"  logs/{name}.log: " + (" | ".join(line.strip() for line in tail) if tail else "(empty so far)"))
+        return "\n".join(out)
+
     def _boot(self) -> None:
         """Wait until every device is ready, then start training (the timeline's time zero)."""
         deadline = time.monotonic() + BOOT_TIMEOUT_S
         names = {d.name for d in self.plan.devices}
         last_say = 0.0
+        progress_at, ready_before = time.monotonic(), -1
         while True:
             self._throttle_ready()
             with self.state.lock:
                 missing = sorted(names - self.state.ready)
             if not missing:
                 break
+            if len(names) - len(missing) != ready_before:
+                progress_at, ready_before = time.monotonic(), len(names) - len(missing)
+            elif time.monotonic() - progress_at >= BOOT_STALL_S:  # said whatever the progress setting, once a stall
+                self.say(self._stalled(missing, time.monotonic() - progress_at))
+                progress_at = time.monotonic()
             for name in missing:
                 if not self.backend.alive(self.plan.device(name)):
                     raise RuntimeError(f"{name} exited while starting{self._last_error(name)}; see logs/{name}.log")
@@ -385,6 +408,22 @@ class Emulation:
         )
         return summarize(self.state, read_jsonl(self.rundir.path / "events.jsonl"),
                          read_jsonl(self.rundir.path / "rejections.jsonl"), facts)
+
+
+def unemulated(mechanisms: dict[str, dict[str, str]], backend: str) -> list[str]:
+    """A warning per configured property that nothing on this backend realises (its mechanism
+    ``none ...``; ``unshaped`` is a property not configured), naming the devices."""
+    missing: dict[tuple[str, str], list[str]] = {}
+    for device, props in mechanisms.items():
+        for prop, mechanism in props.items():
+            if isinstance(mechanism, str) and mechanism.startswith("none"):
+                missing.setdefault((prop, mechanism), []).append(device)
+    lines = []
+    for (prop, mechanism), devices in sorted(missing.items()):
+        shown = ", ".join(devices[:4]) + (f" and {len(devices) - 4} more" if len(devices) > 4 else "")
+        why = mechanism.partition("(")[2].rstrip(")") or "no mechanism here"
+        lines.append(f"warning: the {backend} backend cannot emulate {prop} here ({why}): {shown} run without it (mechanisms.json)")
+    return lines
 
 
 def method_config(method: ResolvedMethod, compressor: str | None = None) -> MethodConfig:

@@ -19,6 +19,7 @@ module turns what a user gives (a file, overrides, a backend name) into those.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from emulator import backends
 from emulator.control import controller, workload  # used as backends.choose and controller.Emulation: the seams tests replace
 from emulator.backends import Backend
 from emulator.planning.plan import make_plan
-from emulator.planning.problems import ScenarioError
+from emulator.planning.problems import Problem, ScenarioError
 from emulator.control.rundir import RunDirectory, check_new
 from emulator.planning.loader import load_scenario
 from emulator.planning.scenario import Scenario
@@ -92,6 +93,7 @@ def run_scenario(scenario: str | Path | Scenario, out_root: str | Path = "runs",
     if text is None:
         text = Path(source).read_text() if source is not None else yaml.safe_dump(scenario.model_dump(mode="json", by_alias=True), sort_keys=False)
     backend_cls = None if isinstance(backend, Backend) else backends.choose(backend or scenario.backend, say=say)
+    check_host(scenario, plan, type(backend) if backend_cls is None else backend_cls, say, source=source)
     rundir = RunDirectory.create(out_root, plan.name, run_id)
     emulation = controller.Emulation(
         plan, backend if backend_cls is None else backend_cls(say=say), rundir, scenario_text=text,
@@ -105,6 +107,34 @@ def run_scenario(scenario: str | Path | Scenario, out_root: str | Path = "runs",
     return Summary(data, rundir.path)
 
 
+def check_host(scenario: Scenario, plan, backend_cls: type[Backend], say: Callable[[str], None], *, cores: int | None = None,
+               source: str | None = None) -> None:
+    """What this machine can give the plan, on a backend whose devices share its cores (local,
+    docker): a device whose CPU quota is above the machine's cores is refused (ScenarioError naming
+    the field: that quota could never be met); quotas that add up to more are said (they cannot all
+    be met at once, only when some devices wait)."""
+    if not backend_cls.cpu_limited_by_host:
+        return
+    cores = cores or os.cpu_count() or 1
+    groups = {group.name or f"group-{g}": g for g, group in enumerate(scenario.workers)}
+    problems, seen = [], set()
+    for device in plan.devices:
+        field = f"{device.role}.cpus" if device.role != "worker" else f"workers[{groups.get(device.group, 0)}].cpus"
+        if device.cpus > cores and field not in seen:
+            seen.add(field)
+            problems.append(Problem(field, f"{device.cpus:g} cores for {device.name}, but this machine has {cores} "
+                                           f"and the {backend_cls.name} backend runs every device on it"))
+    for i, event in enumerate(scenario.faults.at):
+        if event.cpus is not None and event.cpus > cores:
+            problems.append(Problem(f"faults.at[{i}].cpus", f"{event.cpus:g} cores, but this machine has {cores}"))
+    if problems:
+        raise ScenarioError(problems, source or "")
+    total = sum(d.cpus for d in plan.devices)
+    if total > cores + 1e-9:
+        say(f"note: the devices' CPU quotas add up to {total:g} cores on this {cores}-core machine: "
+            "they cannot all get their quota at once, only while some wait (on the network, or for the server)")
+
+
 def _written_summary(path: Path) -> dict:
     try:
         return json.loads((path / "summary.json").read_text())
@@ -116,4 +146,4 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-__all__ = ["RunFailed", "Summary", "run_scenario"]
+__all__ = ["RunFailed", "Summary", "check_host", "run_scenario"]

@@ -146,8 +146,9 @@ def set_aside(directory: str | Path, run_id: str) -> None:
     path.rename(attempts / f"{run_id}.{n}")
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """All complete records of a stream; a cut-off last line is skipped with a warning."""
+def read_jsonl(path: str | Path, *, numbered: bool = False) -> list:
+    """All complete records of a stream; a cut-off last line, or a line that is not a JSON object,
+    is skipped with a warning naming the file and line. ``numbered``: ``(line, record)`` pairs."""
     path = Path(path)
     if not path.exists():
         return []
@@ -158,10 +159,15 @@ def read_jsonl(path: str | Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except (ValueError, RecursionError):  # JSONDecodeError, and what json refuses beyond it
             if number >= len(lines) - 1:
                 warnings.warn(f"{path}: last line is incomplete (run interrupted?); skipped", stacklevel=2)
             else:
                 warnings.warn(f"{path}:{number}: not valid JSON; skipped", stacklevel=2)
+            continue
+        if not isinstance(record, dict):
+            warnings.warn(f"{path}:{number}: not a record (a JSON object), {type(record).__name__}; skipped", stacklevel=2)
+            continue
+        records.append((number, record) if numbered else record)
     return records

@@ -54,6 +54,8 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import math
+import os
 import re
 import secrets
 import time
@@ -117,15 +119,15 @@ def parse_method_spec(text: str) -> MethodSpec:
         label = ":".join([f"{typed.name}:{attribute}", *pairs])
         name = f"{typed.absolute() if typed.is_file() else name}:{attribute}"  # typed here: relative to where it is typed
     elif not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise ScenarioError([Problem("method", f"{text!r}: expected NAME[:KEY=VALUE]..., e.g. qsgd:s=4, "
+        raise ScenarioError([Problem("-m", f"{text!r}: expected NAME[:KEY=VALUE]..., e.g. qsgd:s=4, "
                                                "or your own compressor: path/file.py:Class[:KEY=VALUE]...")])
     overrides = [f"method={json.dumps({'name': name})}"]
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not _KEY.match(key.strip()):
-            raise ScenarioError([Problem("method", f"{text!r}: {pair!r} is not KEY=VALUE")])
+            raise ScenarioError([Problem("-m", f"{text!r}: {pair!r} is not KEY=VALUE")])
         if key.strip() == "name":
-            raise ScenarioError([Problem("method", f"{text!r}: the name goes first, not as name=")])
+            raise ScenarioError([Problem("-m", f"{text!r}: the name goes first, not as name=")])
         key = key.strip()
         section = re.split(r"[.\[]", key, maxsplit=1)[0]
         overrides.append(f"{key}={value}" if section in RUN_SECTIONS and key != section else f"method.{key}={value}")
@@ -134,7 +136,8 @@ def parse_method_spec(text: str) -> MethodSpec:
 
 def compare(scenario_path, methods: list[str], out_root, *, backend: str = "local", overrides=(),
             say: Callable[[str], None] = print, target_accuracy: float | None = None,
-            check_fidelity: bool = True, repeat: int = 1, directory=None) -> Path:
+            check_fidelity: bool = True, strict: bool = False, tolerance: float = 0.10, repeat: int = 1,
+            directory=None, jobs: int | None = 1) -> Path:
     """Run ``scenario_path`` once per method spec and repetition; returns the comparison's directory.
 
     Repetition ``r`` runs every method with the same seed, :func:`emulator.experiments.sweep.repetition_seed`
@@ -147,9 +150,7 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
     run's teardown, writes the report for the runs done, and raises ``KeyboardInterrupt``.
     """
     specs = _parse_all(methods, overrides)
-    if repeat < 1:
-        raise ScenarioError([Problem("--repeat", f"must be >= 1, got {repeat}")])
-    planned = _plan_runs(scenario_path, specs, overrides, repeat)  # every run checked first
+    planned = plan_comparison(scenario_path, methods, overrides, repeat)  # every run checked first
     name, seed = planned[0].scenario.name, planned[0].scenario.seed
     out = Path(directory) if directory is not None else None
     stale = [f"{out / r.run_id} holds a completed run of another plan: the scenario changed; use another directory"
@@ -166,24 +167,28 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
     say(f"comparing {len(specs)} methods on {name} ("
         + (f"seed {seed}" if repeat == 1 else f"{repeat} paired repetitions, seeds {', '.join(map(str, seeds))}")
         + f", backend {backend_cls.name}): {out}")
-    done, interrupted = [], False
-    for i, run in enumerate(planned, start=1):
-        where = f"[{i}/{len(planned)}] {run.spec.label}" + (f", repetition {run.repeat} (seed {run.seed})" if repeat > 1 else "")
-        done.append(run)
-        if completed_summary(out / run.run_id) is not None:
-            say(f"{where}: done before, reused")
-            continue
-        set_aside(out, run.run_id)
-        say(where)
-        try:
-            summary = run_scenario(run.scenario, out, overrides=run.overrides, backend=backend_cls.name, run_id=run.run_id,
-                                   text=text, check_fidelity=check_fidelity, say=say)
-        except RunFailed as exc:  # a failed run is a row of the table (summary.json says why)
-            say(f"{run.spec.label}: run failed: {exc}")
-            continue
-        if summary.status == "interrupted":
-            interrupted = True
-            break
+    options = {"backend": backend_cls.name, "text": text, "check_fidelity": check_fidelity, "strict": strict, "tolerance": tolerance}
+    jobs = jobs or max(1, math.floor((os.cpu_count() or 1) / max(max(sum(d.cpus for d in r.plan.devices) for r in planned), 1e-9) + 1e-9))
+    if jobs > 1:
+        done, interrupted = _run_forked(planned, out, min(jobs, len(planned)), options, say)
+    else:
+        done, interrupted = [], False
+        for i, run in enumerate(planned, start=1):
+            where = f"[{i}/{len(planned)}] {run.spec.label}" + (f", repetition {run.repeat} (seed {run.seed})" if repeat > 1 else "")
+            done.append(run)
+            if completed_summary(out / run.run_id) is not None:
+                say(f"{where}: done before, reused")
+                continue
+            set_aside(out, run.run_id)
+            say(where)
+            try:
+                summary = run_scenario(run.scenario, out, overrides=run.overrides, run_id=run.run_id, say=say, **options)
+            except RunFailed as exc:  # a failed run is a row of the table (summary.json says why)
+                say(f"{run.spec.label}: run failed: {exc}")
+                continue
+            if summary.status == "interrupted":
+                interrupted = True
+                break
     rows = [{**summarize_run(out / run.run_id, run.spec.label), "repeat": run.repeat, "seed": run.seed} for run in done]
     write_report(out, rows, target_accuracy, meta={"scenario": str(scenario_path), "name": name, "seed": seed,
                                                    "backend": backend_cls.name, "overrides": list(overrides),
@@ -192,6 +197,42 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
     if interrupted:
         raise KeyboardInterrupt
     return out
+
+
+def _run_forked(planned: list["PlannedRun"], out: Path, jobs: int, options: dict, say) -> tuple[list, bool]:
+    """``jobs`` runs at once, each in a child forked as a sweep's are (its output in
+    ``logs/<run id>.log``); returns the runs (all of them: each is a row) and whether Ctrl-C stopped them."""
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    from emulator.experiments.sweep import ForkRunner
+
+    runner = ForkRunner()
+    todo = [run for run in planned if completed_summary(out / run.run_id) is None]
+    say(f"{len(planned) - len(todo)} run(s) done before, reused; {len(todo)} to run, {jobs} at once (logs in {out / 'logs'})")
+
+    def one(run):
+        set_aside(out, run.run_id)
+        try:
+            runner.launch(out / "logs" / f"{run.run_id}.log", run.scenario, out, overrides=run.overrides, run_id=run.run_id, **options)
+            summary = completed_summary(out / run.run_id) or {}
+            outcome = summary.get("outcome")  # the word a reader takes first: diverged or dead before completed
+            say(f"{run.run_id}: {outcome if outcome in FLAGGED else summary.get('status', 'done')}")
+        except RuntimeError as exc:  # a failed run is a row of the table (summary.json says why)
+            say(f"{run.run_id}: run failed: {exc}")
+
+    with ThreadPoolExecutor(jobs) as pool:
+        futures = [pool.submit(one, run) for run in todo]
+        try:
+            while wait(futures, timeout=0.5).not_done:
+                pass
+        except KeyboardInterrupt:
+            say("comparison interrupted: stopping the running runs (each tears down and writes its summary)")
+            for future in futures:
+                future.cancel()
+            runner.interrupt()
+            wait(futures)
+            return [run for run in planned if (out / run.run_id).exists()], True
+    return planned, False
 
 
 @dataclass(frozen=True)
@@ -211,13 +252,25 @@ class PlannedRun:
         return self.plan.digest()
 
 
+def plan_comparison(scenario_path, methods: list[str], overrides=(), repeat: int = 1) -> list[PlannedRun]:
+    """Every run of a comparison, checked and planned, nothing made: :class:`ScenarioError` with
+    the method spec (``-m``) or the option to blame."""
+    if repeat < 1:
+        raise ScenarioError([Problem("--repeat", f"must be >= 1, got {repeat}")])
+    return _plan_runs(scenario_path, _parse_all(methods, overrides), overrides, repeat)
+
+
 def _plan_runs(scenario_path, specs: list[MethodSpec], overrides, repeat: int) -> list[PlannedRun]:
     """Every run of the comparison, repetitions outside and methods inside; ScenarioError on the first bad one."""
+    load_scenario(scenario_path, list(overrides))  # the scenario's own problems first, blamed on its file
     planned = []
     for r in range(repeat):
         for i, spec in enumerate(specs, start=1):
             sets = [*overrides, *spec.overrides]
-            scenario = load_scenario(scenario_path, sets)[0]
+            try:
+                scenario = load_scenario(scenario_path, sets)[0]
+            except ScenarioError as exc:  # the scenario loads without the spec: the spec is to blame
+                raise ScenarioError([Problem(f"-m {spec.label}", str(p)) for p in exc.problems]) from None
             if r:  # a method spec cannot set the seed: every method draws the same one
                 sets.append(f"seed={repetition_seed(scenario.seed, r)}")
                 scenario = load_scenario(scenario_path, sets)[0]
@@ -234,7 +287,7 @@ def _plan_runs(scenario_path, specs: list[MethodSpec], overrides, repeat: int) -
 
 def _parse_all(methods: list[str], overrides) -> list[MethodSpec]:
     if not methods:
-        raise ScenarioError([Problem("method", "give at least one method spec")])
+        raise ScenarioError([Problem("-m", "give at least one method spec")])
     touching = [o for o in overrides if re.match(r"\s*method\b", o)]
     if touching:
         raise ScenarioError([Problem("--set", f"{touching[0]!r}: set method parameters in the method specs (qsgd:s=4)")])
@@ -242,7 +295,7 @@ def _parse_all(methods: list[str], overrides) -> list[MethodSpec]:
     labels = [s.label for s in specs]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:
-        raise ScenarioError([Problem("method", f"{repeated[0]!r} given twice")])
+        raise ScenarioError([Problem("-m", f"{repeated[0]!r} given twice")])
     return specs
 
 

@@ -200,6 +200,8 @@ class Sweep:
     overrides: tuple[str, ...] = ()
     backend: str | None = None  # None: the scenario's
     check_fidelity: bool = True
+    strict: bool = False  # a fidelity check off by more than tolerance fails the run
+    tolerance: float = 0.10
 
     @classmethod
     def from_options(cls, scenario, grid: list[str] | tuple[str, ...] = (), **kwargs) -> "Sweep":
@@ -288,12 +290,18 @@ class ForkRunner:
         self._lock = threading.Lock()
 
     def __call__(self, run: PlannedRun, sweep: Sweep, directory: Path) -> None:
-        log = directory / "logs" / f"{run.run_id}.log"
+        self.launch(directory / "logs" / f"{run.run_id}.log", run.scenario, directory, overrides=run.overrides,
+                    backend=sweep.backend, run_id=run.run_id, text=Path(sweep.scenario).read_text(),
+                    check_fidelity=sweep.check_fidelity, strict=sweep.strict, tolerance=sweep.tolerance)
+
+    def launch(self, log: Path, scenario, directory: Path, **options) -> None:
+        """One :func:`~emulator.control.run.run_scenario` call (``options`` its keywords) in a forked
+        child whose output goes to ``log``; RuntimeError with the log's last line if it did not complete."""
         log.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:  # one fork at a time, and interrupt() sees every child
             pid = os.fork()
             if pid == 0:
-                _child(run, sweep, directory, log)  # never returns
+                _child(log, scenario, directory, options)  # never returns
             self._live.add(pid)
         try:
             _, status = os.waitpid(pid, 0)
@@ -315,7 +323,7 @@ class ForkRunner:
                     pass
 
 
-def _child(run: PlannedRun, sweep: Sweep, directory: Path, log: Path) -> None:
+def _child(log: Path, scenario, directory: Path, options: dict) -> None:
     """The forked child: one run, as ``emulate run --quiet`` does it; its exit status says how it
     ended (0 completed, 1 failed, 130 interrupted)."""
     code = 1
@@ -331,8 +339,7 @@ def _child(run: PlannedRun, sweep: Sweep, directory: Path, log: Path) -> None:
         os.dup2(out.fileno(), 1)  # what the run's own subprocesses write goes to the log too
         os.dup2(out.fileno(), 2)
         sys.stdout = sys.stderr = out
-        summary = run_scenario(run.scenario, directory, overrides=run.overrides, backend=sweep.backend, run_id=run.run_id,
-                               text=Path(sweep.scenario).read_text(), check_fidelity=sweep.check_fidelity)
+        summary = run_scenario(scenario, directory, **options)
         print(f"{summary.status}: run directory {summary.path}")
         code = 130 if summary.status == "interrupted" else 0
     except RunFailed as exc:

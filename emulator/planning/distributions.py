@@ -85,13 +85,24 @@ _DIST_SCHEMA = {
 }
 
 
-def _bounded(parse: Callable[[Any], float], *, gt: float | None = None, ge: float | None = None) -> Callable[[Any], float]:
+def _bounded(parse: Callable[[Any], float], *, gt: float | None = None, ge: float | None = None,
+             within: tuple[float | None, float | None] = (None, None), show: Callable[[float], str] = "{:g}".format,
+             hint: str = "") -> Callable[[Any], float]:
+    """``parse`` and check the bounds: ``gt``/``ge`` what the quantity can be, ``within`` (low,
+    high) what it sensibly is, whose message shows the value as read (``show``) and ``hint``,
+    what the user probably meant."""
+    low, high = within
+
     def check(raw):
         value = parse(raw)
         if gt is not None and not value > gt:
             raise ValueError(f"must be > {gt:g}, got {raw!r}")
         if ge is not None and not value >= ge:
             raise ValueError(f"must be >= {ge:g}, got {raw!r}")
+        if low is not None and not value >= low:
+            raise ValueError(f"must be at least {show(low)}, got {raw!r} ({show(value)}){hint}")
+        if high is not None and not value <= high:
+            raise ValueError(f"must be at most {show(high)}, got {raw!r} ({show(value)}){hint}")
         return value
 
     return check
@@ -207,20 +218,39 @@ def _number(raw) -> float:
     return value
 
 
+# What a link or a device may be: beyond these, a unit mistake is likelier than the value meant
+# (``delay: 10`` is 10 s, not 10 ms; ``uplink: 2`` is 2 bit/s).
+MIN_RATE_BPS = 1e3
+MAX_RATE_BPS = 100e9
+MAX_DELAY_S = 5.0  # one way; a geostationary satellite hop is 0.27 s
+MAX_CPUS = 1024.0
+_RATE_HINT = "; a bare number is bits/s: write 2mbit, 500kbit or 1MB/s"
+_DELAY_HINT = "; a bare number is seconds and m minutes: write 30ms for milliseconds"
+
+
+def _rate_bounds() -> Callable[[Any], float]:
+    return _bounded(units.parse_rate, gt=0, within=(MIN_RATE_BPS, MAX_RATE_BPS), show=units.format_rate, hint=_RATE_HINT)
+
+
+def _delay_bounds() -> Callable[[Any], float]:
+    return _bounded(units.parse_duration, ge=0, within=(None, MAX_DELAY_S), show=units.format_duration, hint=_DELAY_HINT)
+
+
 # Bounds every sampled value must meet; the planner checks draws against them too.
 BOUNDS: dict[str, Callable[[Any], float]] = {
-    "cpus": _bounded(_number, gt=0),
-    "uplink": _bounded(units.parse_rate, gt=0),
-    "downlink": _bounded(units.parse_rate, gt=0),
-    "delay": _bounded(units.parse_duration, ge=0),
-    "jitter": _bounded(units.parse_duration, ge=0),
+    "cpus": _bounded(_number, gt=0, within=(None, MAX_CPUS)),
+    "uplink": _rate_bounds(),
+    "downlink": _rate_bounds(),
+    "delay": _delay_bounds(),
+    "jitter": _delay_bounds(),
     "loss": units.parse_fraction,
 }
 Cpus = distribution(BOUNDS["cpus"], _number, "CPU cores of quota per device, e.g. 0.25")
-RateDist = distribution(BOUNDS["uplink"], units.parse_rate, "link rate, e.g. 2mbit (bits/s) or 125kbps (bytes/s)")
+RateDist = distribution(BOUNDS["uplink"], units.parse_rate, "link rate, e.g. 2mbit (bits/s) or 125kB/s (bytes/s)")
 DelayDist = distribution(BOUNDS["delay"], units.parse_duration, "one-way delay, e.g. 30ms")
 LossDist = distribution(BOUNDS["loss"], units.parse_fraction, "packet loss, e.g. 0.1% or 0.001")
-Rate = quantity(_bounded(units.parse_rate, gt=0), "link rate, e.g. 100mbit")
+Rate = quantity(_rate_bounds(), "link rate, e.g. 100mbit")
+LinkDelay = quantity(_delay_bounds(), "one-way delay, e.g. 30ms")
 Duration = quantity(_bounded(units.parse_duration, ge=0), "duration, e.g. 30s, 250ms, 2min")
 PositiveDuration = quantity(_bounded(units.parse_duration, gt=0), "duration, e.g. 30s, 2min")
 Size = Annotated[int, BeforeValidator(_bounded(units.parse_size, gt=0)), WithJsonSchema({"type": ["integer", "string"], "description": "bytes, e.g. 512m, 2g"})]

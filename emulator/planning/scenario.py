@@ -34,6 +34,7 @@ from compression.delta import DELTA_VALUES
 
 from emulator import datasets, plugins
 from emulator.planning import units
+from emulator.planning.backends import CHOICES as BACKEND_CHOICES
 from emulator.planning.distributions import (
     BOUNDS,  # noqa: F401 - emulator/planning/plan.py reads it from here (see __all__)
     DISTRIBUTIONS,
@@ -42,6 +43,7 @@ from emulator.planning.distributions import (
     Duration,
     Fixed,
     Fraction,
+    LinkDelay,
     LossDist,
     PerDevice,
     PositiveDuration,
@@ -58,6 +60,7 @@ from emulator.runtime.config import LINK_PROPERTIES
 from emulator.runtime.downlink import PULL_MODES
 
 MAX_WORKERS = 10_000
+MAX_UPDATES = 10**9  # a billion updates: beyond, a typo (1e21) rather than a run
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 RESERVED_TARGETS = {"all": "every worker", "server": "the parameter server"}
 SERVER_ACTIONS = ("crash", "restart")
@@ -326,7 +329,7 @@ def _eval_every(raw):
 
 class EvalSchedule(Strict):
     seconds: PositiveFloat | None = None
-    updates: PositiveInt | None = None
+    updates: PositiveInt | None = Field(None, le=MAX_UPDATES)
 
     @model_validator(mode="after")
     def _exactly_one(self):
@@ -341,7 +344,7 @@ class EvalSchedule(Strict):
 class TrainingSpec(Strict):
     batch_size: PositiveInt = 10
     learning_rate: PositiveFloat = 0.1
-    max_updates: PositiveInt | None = Field(None, description="stop after this many updates applied by the server")
+    max_updates: PositiveInt | None = Field(None, le=MAX_UPDATES, description="stop after this many updates applied by the server")
     duration: PositiveDuration | None = Field(None, description="stop after this much wall time")
     eval_every: Annotated[EvalSchedule, BeforeValidator(_eval_every), WithJsonSchema({"anyOf": [  # what _eval_every reads
         {"type": "string"}, {"type": "integer", "minimum": 1},
@@ -349,6 +352,13 @@ class TrainingSpec(Strict):
          "additionalProperties": False}]})] = Field(
         default_factory=lambda: EvalSchedule(seconds=30.0), description="30s or '500 updates'"
     )
+
+    @field_validator("max_updates", mode="before")
+    @classmethod
+    def _at_most_a_billion(cls, value):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > MAX_UPDATES:
+            raise ValueError(f"must be at most {MAX_UPDATES:,} updates, got {value:g}")
+        return value
 
     @model_validator(mode="after")
     def _has_an_end(self):
@@ -425,7 +435,7 @@ class ServerSpec(Strict):
     checkpoint: CheckpointSpec = CheckpointSpec()
     uplink: Rate | None = Field(None, description="server egress cap (models sent); none = unshaped")
     downlink: Rate | None = Field(None, description="server ingress cap (updates received); none = unshaped")
-    delay: Duration = 0.0
+    delay: LinkDelay = 0.0
     port: int = Field(7000, ge=1, le=65535)
 
 
@@ -471,8 +481,8 @@ class CrashProcess(Strict):
 class LinkChange(Strict):
     uplink: Rate | None = None
     downlink: Rate | None = None
-    delay: Duration | None = None
-    jitter: Duration | None = None
+    delay: LinkDelay | None = None
+    jitter: LinkDelay | None = None
     loss: Fraction | None = None
 
 
@@ -554,7 +564,7 @@ class Scenario(Strict):
     evaluator: EvaluatorSpec = EvaluatorSpec()
     workers: list[WorkerGroup] = Field(min_length=1)
     faults: FaultsSpec = FaultsSpec()
-    backend: Literal["auto", "local", "docker", "swarm"] = "auto"
+    backend: Literal[BACKEND_CHOICES] = Field("auto", description="auto (docker when a daemon answers, else local) or a backend's name")
 
     @property
     def worker_count(self) -> int:

@@ -369,9 +369,20 @@ def generate(kind: str, out: str | Path, *, devices: int = 8, duration_s: float 
 
 
 def parse_options(duration: str, window: str, up: str, down: str, mean_online: str) -> dict:
-    """The generator's options as written on the command line (``10min``, ``2s``, ``2mbit``)."""
-    return {"duration_s": units.parse_duration(duration), "window_s": units.parse_duration(window), "up_bps": units.parse_rate(up),
-            "down_bps": units.parse_rate(down), "mean_online_s": units.parse_duration(mean_online)}
+    """The generator's options as written on the command line (``10min``, ``2s``, ``2mbit``; a bare
+    number of seconds); a ValueError names the option (``--up '10mbps': ... is ambiguous``)."""
+    given = {"--duration": (duration, units.parse_duration, "duration_s"), "--window": (window, units.parse_duration, "window_s"),
+             "--up": (up, units.parse_rate, "up_bps"), "--down": (down, units.parse_rate, "down_bps"),
+             "--mean-online": (mean_online, units.parse_duration, "mean_online_s")}
+    options = {}
+    for option, (text, parse, key) in given.items():
+        try:
+            options[key] = parse(text)
+        except ValueError as exc:
+            raise ValueError(f"{option} {text}: {exc}") from None
+        if options[key] <= 0:
+            raise ValueError(f"{option} {text}: must be above zero")
+    return options
 
 
 __all__ = ["CONVERTERS", "GENERATORS", "convert", "generate", "write_rows"]

@@ -80,8 +80,11 @@ def _column(kind: str, name: str, path: str, line: int) -> tuple[str, float]:
         if unit in table:
             return quantity, table[unit]
         if table is RATE_UNITS and unit in AMBIGUOUS_RATE_UNITS:
-            raise TraceError(path, line, raw, f"unit {unit!r} is ambiguous (bytes or bits per second?); write the rate in "
-                                              f"bits/s as {quantity}_bit, {quantity}_kbit, {quantity}_mbit or {quantity}_gbit")
+            bits = {"kbps": "kbit", "mbps": "mbit", "gbps": "gbit", "kb": "kbit", "mb": "mbit"}.get(unit, "bit")
+            raise TraceError(path, line, raw, f"unit {unit!r} is ambiguous (bytes or bits per second?): if the values are "
+                                              f"bits/s, name the column {quantity}_{bits}; if they are bytes/s, multiply them by 8 "
+                                              f"and name it {quantity}_{bits} (columns are in bits/s: {quantity}_bit, "
+                                              f"{quantity}_kbit, {quantity}_mbit or {quantity}_gbit)")
         raise TraceError(path, line, raw, f"unknown unit {unit!r}; use " + ", ".join(f"{quantity}_{u}" if u else quantity for u in table))
     allowed = ", ".join(f"{q}_<{'|'.join(t)}>" if t and "" not in t else q for q, (_, t) in known.items())
     raise TraceError(path, line, raw, f"unknown column for a {kind} trace; columns: {allowed}")

@@ -2,7 +2,7 @@
 
 Every parser returns a plain number in base units (bits per second, seconds, a fraction
 in [0, 1], bytes) and raises ``ValueError`` with a message that quotes the input, so the
-scenario loader can report ``workers[0].uplink: unknown rate unit 'mbps'...``.
+scenario loader can report ``workers[0].uplink: '10mbps' is ambiguous: ...``.
 """
 
 from __future__ import annotations
@@ -13,14 +13,20 @@ import re
 _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 _QUANTITY = re.compile(rf"^\s*{_NUMBER}\s*([a-zA-Z%/]*)\s*$")
 
-# tc's conventions: bit = bits/s, bps = BYTES/s (tc-speed(8)); k/m/g are decimal.
+# Bits per second: bit, kbit, mbit, gbit, tbit (decimal prefixes, any case; also written kbit/s),
+# kibit, mibit, gibit (binary). k/m/g are decimal.
 _RATE_UNITS = {
     "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
-    "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9,
     "kibit": 1024, "mibit": 1024**2, "gibit": 1024**3,
 }
+# Bytes per second, with a capital B and /s: B/s, kB/s (or KB/s), MB/s, GB/s (decimal).
+_BYTE_RATE_UNITS = {"B/s": 8, "kB/s": 8e3, "KB/s": 8e3, "MB/s": 8e6, "GB/s": 8e9}
+# tc reads kbps as kilobytes/s, most people (and Fogify's 10Mbps) as kilobits/s: refused, both readings offered.
+_AMBIGUOUS_RATE = {"bps": ("bit", "B/s", 1), "kbps": ("kbit", "kB/s", 1e3), "mbps": ("mbit", "MB/s", 1e6),
+                   "gbps": ("gbit", "GB/s", 1e9), "b/s": ("bit", "B/s", 1), "kb/s": ("kbit", "kB/s", 1e3),
+                   "mb/s": ("mbit", "MB/s", 1e6), "gb/s": ("gbit", "GB/s", 1e9)}
 _DURATION_UNITS = {
-    "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0,
+    "": 1.0, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0,
 }
 _SIZE_UNITS = {
     "": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2,
@@ -47,16 +53,35 @@ def _finite(number: float, value, kind: str) -> float:
 
 
 def parse_rate(value: str | int | float) -> float:
-    """Bits per second from ``'2mbit'``, ``'1.5 gbit'``, ``'125kbps'`` (bytes/s, as tc) or a number."""
+    """Bits per second from ``'2mbit'``, ``'1.5 gbit'``, ``'2mbit/s'``, ``'1.25MB/s'`` (bytes/s) or
+    a number (bits/s). ``kbps``, ``mbps``, ``gbps`` (any case) are refused as ambiguous: tc reads
+    them as bytes/s, most people as bits/s; the message offers both readings."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return _finite(value, value, "rate")
-    number, unit = _split(value, "rate")
-    if unit not in _RATE_UNITS:
-        raise ValueError(
-            f"unknown rate unit {unit!r} in {value!r}; use one of bit, kbit, mbit, gbit "
-            "(bits/s) or bps, kbps, mbps (bytes/s, as tc)"
-        )
-    return _finite(number * _RATE_UNITS[unit], value, "rate")
+    match = _QUANTITY.match(str(value))
+    if not match:
+        raise ValueError(f"not a rate: {value!r}")
+    number, written = float(match.group(1)), match.group(2)
+    unit = written.lower().removesuffix("/s") if written.lower() in {f"{u}/s" for u in _RATE_UNITS} else written.lower()
+    if written in _BYTE_RATE_UNITS:
+        return _finite(number * _BYTE_RATE_UNITS[written], value, "rate")
+    if unit in _RATE_UNITS:
+        return _finite(number * _RATE_UNITS[unit], value, "rate")
+    if unit in _AMBIGUOUS_RATE:
+        bits, byte_unit, scale = _AMBIGUOUS_RATE[unit]
+        text, word = match.group(1), _PREFIX_WORD[bits]
+        raise ValueError(f"{value!r} is ambiguous ({word}bits or {word}bytes per second? tc reads {written} as bytes): write "
+                         f"{text}{bits} for {text} {word}bits/s, or {text}{byte_unit} for {text} {word}bytes/s "
+                         f"(= {format_rate(number * scale * 8)})")
+    if not unit:
+        raise ValueError(f"{value!r} has no unit; write it with one: {match.group(1)}mbit (bits/s) or {match.group(1)}MB/s (bytes/s)")
+    raise ValueError(
+        f"unknown rate unit {written!r} in {value!r}; use bit, kbit, mbit, gbit (bits/s, also kbit/s) "
+        "or B/s, kB/s, MB/s, GB/s (bytes/s)"
+    )
+
+
+_PREFIX_WORD = {"bit": "", "kbit": "kilo", "mbit": "mega", "gbit": "giga"}
 
 
 def parse_duration(value: str | int | float) -> float:
@@ -65,7 +90,7 @@ def parse_duration(value: str | int | float) -> float:
         return _finite(value, value, "duration")
     number, unit = _split(value, "duration")
     if unit not in _DURATION_UNITS:
-        raise ValueError(f"unknown duration unit {unit!r} in {value!r}; use us, ms, s, min or h")
+        raise ValueError(f"unknown duration unit {unit!r} in {value!r}; use us, ms, s, min or h (a bare number is seconds)")
     return _finite(number * _DURATION_UNITS[unit], value, "duration")
 
 

@@ -307,9 +307,12 @@ def test_the_sweep_notebook_runs_headless_and_draws_its_figures(tmp_path, monkey
 def test_byte_tick_labels_keep_close_ticks_apart():
     from analysis.figures import BYTES
 
-    assert BYTES.format_ticks([8.4e6, 8.6e6, 8.8e6, 9.0e6]) == ["8.4 MB", "8.6 MB", "8.8 MB", "9.0 MB"]
-    assert BYTES.format_ticks([1e6, 2e6, 3e6]) == ["1 MB", "2 MB", "3 MB"]
-    assert BYTES(8.6e6) == "9 MB"  # a lone label keeps the formatter's own precision
+    mib = 1024**2  # figures speak the tables' units: KiB, MiB, GiB, 1,024-based
+    assert BYTES.format_ticks([8.4 * mib, 8.6 * mib, 8.8 * mib, 9.0 * mib]) == ["8.4 MiB", "8.6 MiB", "8.8 MiB", "9.0 MiB"]
+    assert BYTES.format_ticks([1 * mib, 2 * mib, 3 * mib]) == ["1 MiB", "2 MiB", "3 MiB"]
+    assert BYTES.format_ticks([0, 512 * 1024, 1 * mib]) == ["0.0 MiB", "0.5 MiB", "1.0 MiB"]  # one prefix along a linear axis
+    assert BYTES.format_ticks([1024, 1 * mib, 1024 * mib]) == ["1 KiB", "1 MiB", "1 GiB"]  # a log axis: each its own
+    assert BYTES(8.6 * mib) == "9 MiB"  # a lone label keeps the formatter's own precision
 
 
 def test_a_categorical_sweep_axis_has_points_not_lines():
@@ -349,3 +352,103 @@ def test_traffic_both_ways_and_server_cpu_per_update():
     assert server_cpu_per_update(stats, 0) is None
     fig = figure({"adacomp": both})
     assert [line.get_linestyle() for line in fig.axes[0].get_lines()] == ["-", "--"]
+
+
+# -- what a report tells about the devices ----------------------------------------------------
+
+
+def test_the_report_of_a_run_has_its_configuration_fidelity_and_bounds(run_dir):
+    md = (build_report(run_dir) / "report.md").read_text()
+    assert "## Devices as configured" in md
+    assert "| worker-0 | slow | 0.2 | 1.00 GiB | 1mbit | 10mbit | 20ms | - | - | cpus: cgroup-cfs; uplink: tc-htb; downlink: tc-htb |" in md
+    assert "## Fidelity: configured against measured" in md and "1 property off by more" in md
+    assert "| worker-0 | uplink (TCP goodput) | 950kbit | 700kbit | -26.3% | **no** |" in md
+    assert "| worker-1 | uplink (TCP goodput) | 950kbit | 940kbit | -1.0% | yes |" in md
+    assert "## What bounded each worker" in md
+    assert "| worker | group | CPU used | uplink used | downlink used | bounded by |" in md
+    assert md.count("| worker-") >= 3 * 3  # three workers in each of the three tables
+
+
+def test_a_run_without_a_fidelity_check_says_so(run_dir):
+    (run_dir / "fidelity.json").unlink()
+    md = (build_report(run_dir) / "report.md").read_text()
+    assert "Not measured (`--no-fidelity`, or the run ended before its check)." in md
+
+
+def _bounds_run(tmp_path, cpu_rate: dict, pushed: dict, pulled: dict):
+    """A run of two workers over 10 s of training: CPU seconds per second, bytes pushed and pulled per second."""
+    from analysis.runs import Run
+
+    workers = [{"name": f"worker-{i}", "index": i, "group": "g", "cpus": 0.5,
+                "link": {"uplink_bps": 1e6, "downlink_bps": 8e6}} for i in range(2)]
+    stats = pd.DataFrame([{"device": f"worker-{i}", "cpu_s": cpu_rate[i] * t, "time_s": float(t), "ts": float(t)}
+                          for i in range(2) for t in range(0, 11)])
+    traffic = pd.DataFrame([{"worker": i, "ingress_bytes": pushed[i], "egress_bytes": pulled[i], "time_s": float(t), "ts": float(t)}
+                            for i in range(2) for t in range(1, 11)])
+    empty = pd.DataFrame(columns=["time_s"])
+    return Run(tmp_path, {"duration_s": 10.0}, {"workers": workers}, 0.0,
+               {"updates": empty, "accuracy": empty, "traffic": traffic, "steps": empty, "events": empty, "net": empty, "stats": stats})
+
+
+def test_what_bounded_a_worker_is_the_resource_it_used_most_of(tmp_path):
+    from analysis.bounds import short_label, worker_bounds
+
+    # worker 0: 0.03 core of 0.5, 10 kB/s up of 125 kB/s, 950 kB/s down of 1 MB/s: its downlink, as the quickstart's dense pulls
+    # worker 1: 0.45 core of 0.5, little traffic: its CPU
+    run = _bounds_run(tmp_path, {0: 0.03, 1: 0.45}, {0: 10_000, 1: 1_000}, {0: 950_000, 1: 10_000})
+    rows = {r["device"]: r for r in worker_bounds(run).to_dict("records")}
+    assert rows["worker-0"]["bound"] == "downlink" and rows["worker-0"]["down_share"] == pytest.approx(0.95)
+    assert rows["worker-0"]["cpu_share"] == pytest.approx(0.06)
+    assert rows["worker-1"]["bound"] == "CPU" and rows["worker-1"]["cpu_share"] == pytest.approx(0.9)
+    assert short_label(rows["worker-0"]) == "downlink 95%"
+
+
+def test_a_worker_that_used_little_of_everything_waited_on_the_server(tmp_path):
+    from analysis.bounds import worker_bounds
+
+    run = _bounds_run(tmp_path, {0: 0.1, 1: 0.1}, {0: 20_000, 1: 20_000}, {0: 100_000, 1: 100_000})
+    assert list(worker_bounds(run)["bound"]) == ["server", "server"]
+
+
+def test_the_link_figure_draws_the_configured_rates(run_dir):
+    run = load_run(run_dir)
+    configured = {"worker-0": {"uplink_bps": 1e6, "downlink_bps": 10e6}, "server": {"uplink_bps": None, "downlink_bps": 80e6}}
+    fig = figures.link_utilisation(run.net, None, configured)
+    top, bottom = fig.axes[:2]
+    dotted = lambda ax: sorted(round(l.get_ydata()[0]) for l in ax.get_lines() if l.get_linestyle() == ":")  # noqa: E731
+    assert dotted(top) == [1_250_000, 10_000_000]  # downlinks, in bytes/s: worker-0's 10 Mbit/s, the server's 80
+    assert dotted(bottom) == [125_000]  # worker-0's uplink; the server's is unshaped
+    labels = _tick_labels(fig)
+    assert labels and all(label.endswith(("KiB/s", "MiB/s", " B/s")) for label in labels), labels  # the tables' units
+
+
+def _tick_labels(fig) -> list[str]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    return [t.get_text() for ax in fig.axes[:2] for t in ax.get_yticklabels() if t.get_text()]
+
+
+def test_a_damaged_run_directory_is_reported_with_file_and_line(run_dir):
+    from click.testing import CliRunner
+
+    from emulator.cli import main
+
+    text = (run_dir / "summary.json").read_text()
+    (run_dir / "summary.json").write_text(text[: len(text) // 2])  # cut off while written
+    lines = (run_dir / "accuracy.jsonl").read_text().splitlines()
+    lines[1] = '{"version": "ten", "accuracy": 0.5}'
+    lines[2] = "[1, 2]"
+    lines[3] = '{"version": 30, "accur'
+    (run_dir / "accuracy.jsonl").write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(main, ["report", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    warned = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert any(f"{run_dir / 'summary.json'}: line " in w and "cut off?" in w for w in warned), warned
+    assert f"warning: {run_dir / 'accuracy.jsonl'}:2: field 'version' is 'ten', not a number; record skipped" in warned
+    assert f"warning: {run_dir / 'accuracy.jsonl'}:3: not a record (a JSON object), list; skipped" in warned
+    assert f"warning: {run_dir / 'accuracy.jsonl'}:4: not valid JSON; skipped" in warned
+    md = (run_dir / "report" / "report.md").read_text()
+    assert "`summary.json` is damaged" in md and "## Damaged records (skipped)" in md
+    assert (run_dir / "report" / "accuracy_time.png").exists()  # what could be read is still drawn

@@ -351,8 +351,9 @@ def test_the_cli_passes_repeat_and_rejects_zero(tmp_path, fake_emulation):
                                        "--backend", "local", "--dir", str(tmp_path / "cmp"), "--quiet"])
     assert result.exit_code == 0, result.output
     assert "## Paired differences" in result.output
-    assert sorted(p.name for p in (tmp_path / "cmp").iterdir() if p.is_dir()) == [
+    assert sorted(p.name for p in (tmp_path / "cmp").iterdir() if p.is_dir() and p.name not in ("report", "logs")) == [
         "01-asgd-r0", "01-asgd-r1", "02-adacomp-r0", "02-adacomp-r1"]
+    assert f"report: {tmp_path / 'cmp' / 'report' / 'report.html'}" in result.output  # a report by default
 
 
 # -- a real comparison --------------------------------------------------------------------

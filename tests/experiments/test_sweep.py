@@ -222,7 +222,7 @@ def test_a_changed_scenario_does_not_reuse_old_runs(scenario, tmp_path):
 
 def test_the_sweep_command_names_a_bad_grid_point_and_runs_nothing(scenario, tmp_path):
     result = CliRunner().invoke(main, ["sweep", str(scenario), "--grid", "training.batch_size=10,0", "--backend", "local",
-                                       "--out", str(tmp_path / "sweep")])
+                                       "--dir", str(tmp_path / "sweep")])
     assert result.exit_code == 2, result.output
     assert "grid point 1 (training.batch_size=0): training.batch_size: must be > 0" in result.output
     assert not (tmp_path / "sweep").exists()
@@ -349,7 +349,7 @@ def test_a_real_two_point_sweep_then_its_report(scenario, tmp_path):
     """Two grid points x one repetition on the local backend (~30 updates each), then ``emulate report``."""
     out = tmp_path / "sweep"
     result = CliRunner().invoke(main, ["sweep", str(scenario), "--grid", "method.c=0.02,0.1", "--backend", "local",
-                                       "--out", str(out), "--jobs", "1", "--no-fidelity", "--no-report"])
+                                       "--dir", str(out), "--jobs", "1", "--no-fidelity", "--no-report"])
     assert result.exit_code == 0, result.output + "\n" + "\n".join(p.read_text()[-2000:] for p in out.glob("logs/*.log"))
     data = json.loads((out / "sweep.json").read_text())
     runs = [r for p in data["points"] for r in p["runs"]]
@@ -367,5 +367,5 @@ def test_a_real_two_point_sweep_then_its_report(scenario, tmp_path):
     assert (out / "report" / "sweep_method-c_final_accuracy.png").stat().st_size > 5_000
 
     again = CliRunner().invoke(main, ["sweep", str(scenario), "--grid", "method.c=0.02,0.1", "--backend", "local",
-                                      "--out", str(out), "--no-report"])
+                                      "--dir", str(out), "--no-report"])
     assert again.exit_code == 0 and "2 already done" in again.output

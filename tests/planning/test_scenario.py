@@ -4,6 +4,7 @@ with one line that names the field (``tests/scenarios/bad``); ``--set`` override
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -92,7 +93,7 @@ def test_full_scenario_scalar_group(full):
     assert (g.name, g.count, g.memory) == ("fixed", 2, 256 * MiB)
     assert g.cpus == Fixed(0.25)
     assert g.uplink == Fixed(2e6)
-    assert g.downlink == Fixed(1e6)  # 125kbps: bytes per second, as tc
+    assert g.downlink == Fixed(1e6)  # 125kB/s: bytes per second
     assert g.delay == Fixed(pytest.approx(0.030))
     assert g.jitter == Fixed(pytest.approx(0.005))
     assert g.loss == Fixed(pytest.approx(0.001))
@@ -192,6 +193,13 @@ def test_models_are_immutable(full):
 
 def test_the_bad_corpus_is_large():
     assert len(BAD) >= 30
+
+
+def test_reliability_counts_the_corpus_as_it_is():
+    """docs/RELIABILITY.md says how many malformed scenarios the corpus holds: the number there is this one."""
+    text = (HERE.parent / "docs" / "RELIABILITY.md").read_text()
+    said = re.findall(r"holds (\d+) malformed scenarios", text) + re.findall(r"\| malformed scenario files \| (\d+) \|", text)
+    assert said and {int(n) for n in said} == {len(BAD)}, (said, len(BAD))
 
 
 @pytest.mark.parametrize("path", BAD, ids=[p.name for p in BAD])

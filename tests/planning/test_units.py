@@ -37,11 +37,14 @@ from emulator.planning.units import (
         ("1kibit", 1024),
         ("1mibit", 1024**2),
         ("1gibit", 1024**3),
-        # tc's bps family is BYTES per second
-        ("1bps", 8),
-        ("125kbps", 1e6),
-        ("2mbps", 16e6),
-        ("1gbps", 8e9),
+        ("2mbit/s", 2e6),  # bits/s, written with /s
+        ("2Mbit/s", 2e6),
+        # bytes per second: a capital B and /s
+        ("1B/s", 8),
+        ("125kB/s", 1e6),
+        ("125KB/s", 1e6),
+        ("2MB/s", 16e6),
+        ("1GB/s", 8e9),
     ],
 )
 def test_parse_rate_units(text, bps):
@@ -62,8 +65,8 @@ def test_parse_rate_numbers_are_bits_per_second(number):
         ("", "not a rate: ''"),
         ("-2mbit", "not a rate: '-2mbit'"),
         ("2 parsecs", "unknown rate unit 'parsecs' in '2 parsecs'"),
-        ("2mbit/s", "unknown rate unit 'mbit/s' in '2mbit/s'"),
-        ("5", "unknown rate unit '' in '5'"),  # a string needs a unit (tc reads a bare number differently)
+        ("2mbit/h", "unknown rate unit 'mbit/h' in '2mbit/h'"),
+        ("5", "'5' has no unit; write it with one: 5mbit (bits/s) or 5MB/s (bytes/s)"),  # a string needs a unit
         ("1e999mbit", "not a finite rate: '1e999mbit'"),
         ("1e300gbit", "not a finite rate: '1e300gbit'"),
     ],
@@ -84,8 +87,26 @@ def test_parse_rate_unknown_unit_lists_the_known_ones():
     with pytest.raises(ValueError) as info:
         parse_rate("3 furlongs")
     message = str(info.value)
-    for unit in ("kbit", "mbit", "gbit", "kbps"):
+    for unit in ("kbit", "mbit", "gbit", "kB/s", "MB/s"):
         assert unit in message
+
+
+@pytest.mark.parametrize("text", ["10mbps", "10Mbps", "10MBPS", "10mBps", "125kbps", "1Kbps", "1gbps", "1GBps", "8bps",
+                                  "10mb/s", "10Mb/s", "10kb/s"])
+def test_ambiguous_rate_spellings_are_refused_with_both_readings(text):
+    """Most people (and Fogify's 10Mbps) read mbps as megabits/s, tc as megabytes/s: never guessed."""
+    with pytest.raises(ValueError) as info:
+        parse_rate(text)
+    message = str(info.value)
+    number = text.rstrip("bpsBPS/kKmMgG")
+    assert f"{text!r} is ambiguous" in message
+    bits, byte = {"k": ("kbit", "kB/s"), "m": ("mbit", "MB/s"), "g": ("gbit", "GB/s")}.get(
+        text[len(number)].lower(), ("bit", "B/s"))
+    assert f"write {number}{bits} for" in message and f"or {number}{byte} for" in message
+
+
+def test_a_bare_string_duration_is_seconds_as_a_bare_number_is():
+    assert parse_duration("10") == parse_duration(10) == 10.0
 
 
 def test_parse_rate_refuses_booleans():

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 START_TS = 12.5  # trace-clock second at which training started (devices booted before)
+LINK = {"uplink_bps": 1e6, "downlink_bps": 10e6, "delay_s": 0.02, "jitter_s": 0.0, "loss": 0.0}  # every worker's
 
 
 def _jsonl(path: Path, records: list[dict]) -> None:
@@ -36,13 +37,24 @@ def write_synthetic_run(path: Path, *, method: str = "adacomp", updates: int = 6
         "training": {"batch_size": 10, "learning_rate": 0.1, "max_updates": updates, "duration": None, "eval_every": {"updates": 10}},
         "method": {"name": method, "compressor": "topk" if method != "asgd" else "dense", "params": {"c": 0.01} if method != "asgd" else {},
                    "rule": method if method != "comp_c" else "plain", "error_feedback": False, "wire": {"values": "f32", "indices": "elias_fano"}},
-        "server": {"name": "server", "role": "server", "index": -1, "group": "server", "cpus": 1.0},
-        "evaluator": {"name": "evaluator", "role": "evaluator", "index": -1, "group": "evaluator", "cpus": 0.5},
-        "workers": [{"name": n, "role": "worker", "index": i, "group": "slow" if i == 0 else "fast", "cpus": cpus[i]}
-                    for i, n in enumerate(names)],
+        "server": {"name": "server", "role": "server", "index": -1, "group": "server", "cpus": 1.0, "memory_bytes": 2 << 30,
+                   "link": dict(LINK, uplink_bps=None, downlink_bps=None)},
+        "evaluator": {"name": "evaluator", "role": "evaluator", "index": -1, "group": "evaluator", "cpus": 0.5, "memory_bytes": 2 << 30,
+                      "link": dict(LINK, uplink_bps=None, downlink_bps=None, delay_s=0.0)},
+        "workers": [{"name": n, "role": "worker", "index": i, "group": "slow" if i == 0 else "fast", "cpus": cpus[i],
+                     "memory_bytes": 1 << 30, "link": dict(LINK)} for i, n in enumerate(names)],
         "events": [], "triggers": [],
     }
     (path / "plan.json").write_text(json.dumps(plan, indent=1))
+    link_mechanism = "tc-htb" if backend == "docker" else "transport-token-bucket"
+    (path / "mechanisms.json").write_text(json.dumps(
+        {d["name"]: {"cpus": "cgroup-cfs", "uplink": link_mechanism if d["link"]["uplink_bps"] else "unshaped",
+                     "downlink": link_mechanism if d["link"]["downlink_bps"] else "unshaped"}
+         for d in (plan["server"], plan["evaluator"], *plan["workers"])}))
+    (path / "fidelity.json").write_text(json.dumps({"tolerance": 0.1, "failures": ["worker-0.uplink_bps"], "ok": False, "devices": {
+        n: {"cpu_quota": {"configured": cpus[i], "measured": cpus[i], "error": 0.0, "relative_error": 0.0, "ok": True},
+            "uplink_bps": {"configured": 0.95e6, "measured": 0.7e6 if i == 0 else 0.94e6, "error": 0, "relative_error": -0.263 if i == 0 else -0.01,
+                           "ok": i != 0, "line_rate": 1e6}} for i, n in enumerate(names)}}))
     duration = updates * 0.1
     # updates: one every 0.1 s of training, round-robin with some noise; worker 1 is down 2 s - 3.5 s
     ups, t0_of = [], {}

@@ -91,6 +91,14 @@ def _service_name(run_id: str, device: str) -> str:
 
 class SwarmBackend(Backend):
     name = "swarm"
+    clean_rank = 0  # first: its services' containers and networks are labelled too, and Swarm owns them
+    cpu_limited_by_host = False  # devices spread over the swarm's nodes
+
+    @classmethod
+    def remove_leftovers(cls, run_id, removes, say):
+        removed = remove_swarm_labelled(
+            run_id, say=say, keep=lambda kind, name, labels: not removes(f"{kind} {name}", labels.get(RUN_LABEL, ""), Owner.from_labels(labels)))
+        return removed, {}
 
     def __init__(self, say=None, image: str | None = None, options: SwarmOptions | None = None):
         super().__init__(say)
