@@ -654,37 +654,34 @@ def _num(value, spec: str, suffix: str = "") -> str:
 
 def plot_accuracy_vs_ingress(rows: list[dict], target: float | None, path: Path) -> None:
     """Accuracy against cumulative applied-update bytes (log x; evaluations before the first update
-    have no place on it): one line per method with one run, the mean and its shaded 95%
-    Student-t band (:func:`analysis.figures.mean_band`) per method with several."""
+    have no place on it), drawn by :func:`analysis.figures.accuracy_vs_ingress`: one style per
+    method, the mean and its 95 % band over the runs that trained, a run that diverged or died
+    drawn to its last evaluation with a cross; the target as a grey line."""
     import pandas as pd
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
-    from analysis.figures import mean_band
+    from analysis import figures
 
-    figure = Figure(figsize=(7, 4.5))
-    FigureCanvasAgg(figure)
-    ax = figure.add_subplot()
-    banded = False
-    for i, label in enumerate(_labels(rows)):
-        curves = [[(p["bytes"], p["accuracy"]) for p in r["curve"] if p["bytes"] > 0] for r in rows if r["method"] == label]
-        curves = [c for c in curves if c]
-        if len(curves) == 1:
-            x, y = zip(*curves[0])
-            ax.plot(x, y, marker="o", markersize=3, label=label, color=f"C{i % 10}")
-        elif curves:
-            banded = mean_band(ax, [pd.DataFrame(c, columns=["bytes", "accuracy"]) for c in curves], "bytes", "accuracy",
-                               label=label, color=f"C{i % 10}", log_x=True, confidence=CONFIDENCE) or banded
-    if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", linewidth=0.8, label=f"target {target:.3f}")
-    ax.set_xscale("log")
-    ax.set_xlabel("cumulative ingress at the server (bytes of applied updates)")
-    ax.set_ylabel("test accuracy" + (f" (mean, shaded: {CONFIDENCE:.0%} interval)" if banded else ""))
-    ax.grid(True, which="both", linewidth=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    curves = {}
+    for label in _labels(rows):
+        tables = []
+        for r in rows:
+            if r["method"] != label or not r.get("curve"):
+                continue
+            table = pd.DataFrame([{"ingress_bytes": p["bytes"], "accuracy": p["accuracy"]} for p in r["curve"]])
+            table.attrs["outcome"] = r.get("outcome") or ("diverged" if r.get("diverged") else None)
+            tables.append(table)
+        curves[label] = tables
+    fig = figures.accuracy_vs_ingress(curves)
+    if fig is None:
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=figures.SIZE, dpi=figures.DPI)
+        fig.text(0.5, 0.5, "no evaluation after an applied update", ha="center")
+    elif target is not None:
+        fig.axes[0].axhline(target, color="grey", linestyle="--", linewidth=0.8)
+        fig.axes[0].annotate(f"target {target:.3f}", (0.0, target), xycoords=("axes fraction", "data"), xytext=(4, 3),
+                             textcoords="offset points", fontsize="x-small", color="grey")
+    figures.save(fig, path)
 
 
 __all__ = ["compare", "parse_method_spec", "MethodSpec", "summarize_run", "write_report", "report_of", "aggregate", "pairs",
