@@ -64,6 +64,7 @@ MARKERS = ("o", "s", "^", "D", "v", "P")
 METHOD_COLOURS = {"asgd": 0, "comp_c:c=0.01": 1, "adacomp:c=0.01": 2, "adacomp:c=0.001": 3, "staleness_asgd": 4,
                   "comp_c:c=0.001": 5, "adacomp:c=0.0016": 6, "comp_c:c=0.0016": 7, "adacomp:c=0.0039": 8,
                   "comp_c:c=0.0039": 9}
+DEFAULT_PARAMETERS = {"adacomp": "c=0.01", "comp_c": "c=0.01"}  # the presets' c, so a plain name shares its colour
 RUN_SETTINGS = ("training", "dataset", "server", "evaluator", "workers", "faults")  # a method spec's keys that set the run
 STOPPED_MARKER = "X"  # where a run that diverged or died was last evaluated
 
@@ -89,7 +90,11 @@ class Styles:
             return "=" in part and key.split(".")[0].split("[")[0] in RUN_SETTINGS and key != key.split(".")[0]
 
         parts = str(label).split(":")
-        return ":".join(p for p in parts if not is_setting(p)), ":".join(p for p in parts if is_setting(p))
+        method = [p for p in parts if not is_setting(p)]
+        default = DEFAULT_PARAMETERS.get(method[0])
+        if default and not any(p.startswith(default.split("=")[0] + "=") for p in method[1:]):
+            method.insert(1, default)  # "adacomp" is "adacomp:c=0.01": one method, one colour
+        return ":".join(method), ":".join(p for p in parts if is_setting(p))
 
     def __call__(self, label: str) -> dict:
         if label not in self._styles:
