@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements/lock.txt pyproject.toml 2>/dev/null | sha1sum | cut -c1-12)
 SCENARIO ?= scenarios/quickstart.yaml
 
-.PHONY: setup demo test test-fast docker figures bench profile clean lock help
+.PHONY: setup demo test test-fast docker figures reproduction bench profile clean lock help
 FIGURES_PROFILE := $(or $(PROFILE),$(if $(FAST),fast,full))
 BACKEND ?= auto
 # What a target needs from outside the Python lock: scripts/system-deps.sh installs it when run
@@ -21,6 +21,7 @@ help:
 	@echo "make test       the whole test suite (unit, slow training runs, Docker)"
 	@echo "make test-fast  unit tests only (under a minute)"
 	@echo "make figures    the paper's experiments (as root: installs Docker, Fashion-MNIST), figures/*.png and figures/results.md (FAST=1: minutes; PROFILE=paper: the paper's regime, hours; ONLY="methods staleness": some experiments)"
+	@echo "make reproduction  docs/reproduction/results.md and its figures regenerated from the committed run records (no Docker, no runs; make figures ... RECORDS=docs/reproduction/records adds records)"
 	@echo "make bench      the benchmark suite (as root: installs Docker, Fashion-MNIST), .bench/results.json and .bench/results.md (QUICK=1)"
 	@echo "make profile    where a run's CPU goes: py-spy (pip, into .venv) over $(SCENARIO) on the local backend, .bench/profile.svg"
 	@echo "make clean      remove what killed runs left (emulate clean: live runs stay), and runs/, figures/, .bench/"
@@ -54,7 +55,11 @@ test-fast: setup
 figures: setup
 	$(call need,docker dataset-fashion-mnist)
 	@$(ENGINE)
-	$(BIN)/python -m emulator.experiments.paper --profile $(FIGURES_PROFILE) --backend $(BACKEND) --out figures $(if $(ONLY),--only $(ONLY))
+	$(BIN)/python -m emulator.experiments.paper --profile $(FIGURES_PROFILE) --backend $(BACKEND) --out figures $(if $(ONLY),--only $(ONLY)) $(if $(RECORDS),--records $(RECORDS))
+
+# No Docker, no runs: docs/reproduction/results.md and its figures from the committed run records.
+reproduction: setup
+	$(BIN)/python -m emulator.experiments.paper --from-records docs/reproduction/records --out docs/reproduction
 
 bench: setup
 	$(call need,docker dataset-fashion-mnist)

@@ -95,6 +95,74 @@ def _bytes_axis(axis, formatter: BinaryBytes = BYTE_RATE) -> None:
     axis.set_major_formatter(formatter)
 
 
+# -- one style per method, in every figure ------------------------------------------------
+
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+           "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd")
+LINESTYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P")
+# The paper's methods keep their colour in every figure; a setting of the run (``training.*``,
+# e.g. the step size) is the line style. Methods not listed take the next free colour.
+METHOD_COLOURS = {"asgd": 0, "comp_c:c=0.01": 1, "adacomp:c=0.01": 2, "adacomp:c=0.001": 3, "staleness_asgd": 4,
+                  "comp_c:c=0.001": 5, "adacomp:c=0.0016": 6, "comp_c:c=0.0016": 7, "adacomp:c=0.0039": 8,
+                  "comp_c:c=0.0039": 9}
+DEFAULT_PARAMETERS = {"adacomp": "c=0.01", "comp_c": "c=0.01"}  # the presets' c, so a plain name shares its colour
+RUN_SETTINGS = ("training", "dataset", "server", "evaluator", "workers", "faults")  # a method spec's keys that set the run
+STOPPED_MARKER = "X"  # where a run that diverged or died was last evaluated
+
+
+class Styles:
+    """One colour, line style and marker per label (a method spec such as
+    ``adacomp:c=0.01:training.learning_rate=0.005``), the same in every figure drawn with one
+    instance, and different for different labels: the method (name and its own parameters) picks
+    the colour, the run settings (keys with a dot) the line style."""
+
+    def __init__(self, labels=()):
+        self._styles: dict[str, dict] = {}
+        self._colours: dict[str, int] = {}
+        self._variants: dict[str, list[str]] = {}
+        for label in labels:
+            self(label)
+
+    @staticmethod
+    def split(label: str) -> tuple[str, str]:
+        """(the method: name and its own parameters, the run's settings: ``training.*``, ``workers[0].*``, ...)."""
+        def is_setting(part: str) -> bool:
+            key = part.partition("=")[0]
+            return "=" in part and key.split(".")[0].split("[")[0] in RUN_SETTINGS and key != key.split(".")[0]
+
+        parts = str(label).split(":")
+        method = [p for p in parts if not is_setting(p)]
+        default = DEFAULT_PARAMETERS.get(method[0])
+        if default and not any(p.startswith(default.split("=")[0] + "=") for p in method[1:]):
+            method.insert(1, default)  # "adacomp" is "adacomp:c=0.01": one method, one colour
+        return ":".join(method), ":".join(p for p in parts if is_setting(p))
+
+    def __call__(self, label: str) -> dict:
+        if label not in self._styles:
+            method, settings = self.split(label)
+            if method not in self._colours:
+                taken = set(self._colours.values())
+                pinned = METHOD_COLOURS.get(method)
+                free = [i for i in range(len(PALETTE)) if i not in taken and i not in METHOD_COLOURS.values()]
+                free = free or [i for i in range(len(PALETTE)) if i not in taken] or [len(self._colours) % len(PALETTE)]
+                self._colours[method] = pinned if pinned is not None and pinned not in taken else free[0]
+            variants = self._variants.setdefault(method, [])
+            variants.append(settings)
+            i = len(variants) - 1
+            self._styles[label] = {"color": PALETTE[self._colours[method] % len(PALETTE)],
+                                   "linestyle": LINESTYLES[i % len(LINESTYLES)], "marker": MARKERS[i % len(MARKERS)]}
+        return dict(self._styles[label])
+
+
+def legend_below(fig: Figure, ax, columns: int = 2) -> None:
+    """The legend under the plot, in ``columns`` columns, so it never covers a curve."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(columns, len(handles)), fontsize="small",
+                   frameon=False)
+
+
 def _figure(title: str, size=SIZE) -> tuple[Figure, object]:
     fig = Figure(figsize=size, dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
@@ -104,10 +172,11 @@ def _figure(title: str, size=SIZE) -> tuple[Figure, object]:
 
 
 def save(fig: Figure, path: str | Path) -> Path:
-    """Write a figure as PNG (Agg) and return the path."""
+    """Write a figure as PNG (Agg) and return the path: the same figure gives the same bytes (no
+    software version or date in the file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
+    fig.savefig(path, format="png", metadata={"Software": None})
     return path
 
 
@@ -137,22 +206,47 @@ def _legend(ax, count: int, outside: bool = False) -> None:
         ax.legend(fontsize="small", loc="best")
 
 
-def _accuracy(curves, x: str, title: str, xlabel: str, log_x: bool = False) -> Figure | None:
+def _accuracy(curves, x: str, title: str, xlabel: str, log_x: bool = False, styles: Styles | None = None) -> Figure | None:
+    """Accuracy against ``x``, one style per label (:class:`Styles`). A label's runs that trained are
+    drawn as one line (one run) or their mean and 95 % band (several); a run whose table says
+    ``attrs["outcome"]`` is diverged or dead is drawn on its own, thin, up to its last evaluation,
+    which carries a cross. The figure says what the band is and over how many runs."""
+    from emulator.control.summary import FLAGGED
+
     drawn = _curves(curves)
     if log_x:  # a log axis has no place for zero: curves without a positive x are not drawn
         drawn = [(label, tables) for label, tables in drawn if any((t[x] > 0).any() for t in tables)]
     if not drawn:
         return None
-    fig, ax = _figure(title)
-    for i, (label, tables) in enumerate(drawn):
-        color = f"C{i % 10}"
-        if len(tables) > 1:  # repetitions: their mean and its 95 % band, not one line each
-            mean_band(ax, tables, x, "accuracy", label=label, color=color, log_x=log_x)
-            continue
-        rows = tables[0].dropna(subset=[x, "accuracy"]).sort_values(x)
-        if log_x:
-            rows = rows[rows[x] > 0]
-        ax.plot(rows[x], rows["accuracy"], marker="o", markersize=3, linewidth=1.4, color=color, label=label)
+    styles = styles or Styles([label for label, _ in drawn])
+    size = (SIZE[0], SIZE[1] + 0.25 * math.ceil(len(drawn) / 2))  # room for the legend below
+    fig, ax = _figure(title, size)
+    banded = stopped = False
+    counts = []
+    for label, tables in drawn:
+        style = styles(label)
+        good = [t for t in tables if t.attrs.get("outcome") not in FLAGGED]
+        bad = [t for t in tables if t.attrs.get("outcome") in FLAGGED]
+        if len(good) > 1:  # repetitions: their mean and its 95 % band, not one line each
+            counts.append(len(good))
+            tag = f"{label} (mean of {len(good)}" + (f"; {len(bad)} stopped" if bad else "") + ")"
+            banded = mean_band(ax, good, x, "accuracy", label=tag, color=style["color"], linestyle=style["linestyle"],
+                               log_x=log_x, clip=(0.0, 1.0), tag_n=False) or banded
+        elif good:
+            rows = _rows(good[0], x, log_x)
+            tag = label + (f" ({len(bad)} stopped)" if bad else "")
+            ax.plot(rows[x], rows["accuracy"], marker=style["marker"], markersize=3, linewidth=1.4, color=style["color"],
+                    linestyle=style["linestyle"], label=tag)
+        for i, table in enumerate(bad):
+            rows = _rows(table, x, log_x)
+            if not len(rows):
+                continue
+            stopped = True
+            tag = f"{label}: {len(bad)} diverged or dead" if not good and i == 0 else None
+            ax.plot(rows[x], rows["accuracy"], linewidth=0.9, color=style["color"], linestyle=style["linestyle"], alpha=0.8,
+                    label=tag)
+            ax.plot(rows[x].iloc[-1:], rows["accuracy"].iloc[-1:], marker=STOPPED_MARKER, markersize=8, linestyle="none",
+                    color=style["color"], markeredgecolor="black", markeredgewidth=0.5)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy")
     ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
@@ -162,8 +256,25 @@ def _accuracy(curves, x: str, title: str, xlabel: str, log_x: bool = False) -> F
     else:  # at most six ticks, with thousands separators: 20,000 updates stay legible
         ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, pos: f"{v:,.0f}"))
-    _legend(ax, len(drawn))
+    notes = []
+    if banded:
+        notes.append("line: mean of the runs that trained (n in the legend; past the shortest run, of those still "
+                     "running); band: 95 % Student-t interval of that mean where 2 or more runs reach it, clipped to 0-100 %")
+    if stopped:
+        notes.append(f"thin line ending in {STOPPED_MARKER}: a run that diverged or died, drawn to its last evaluation")
+    if notes:
+        import textwrap
+
+        ax.set_title(title, fontsize="medium", loc="center", pad=4 + 11 * len(textwrap.wrap(" ".join(notes), 120)))
+        ax.text(0.5, 1.01, "\n".join(textwrap.wrap(". ".join(notes) + ".", 120)), transform=ax.transAxes, ha="center",
+                va="bottom", fontsize="x-small", color="#333333")
+    legend_below(fig, ax)
     return fig
+
+
+def _rows(table: pd.DataFrame, x: str, log_x: bool) -> pd.DataFrame:
+    rows = table.dropna(subset=[x, "accuracy"]).sort_values(x)
+    return rows[rows[x] > 0] if log_x else rows
 
 
 def _log_bytes(axis, set_scale) -> None:
@@ -174,27 +285,28 @@ def _log_bytes(axis, set_scale) -> None:
     axis.set_tick_params(which="both", labelsize="small")
 
 
-def accuracy_vs_time(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]]) -> Figure | None:
+def accuracy_vs_time(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]], styles: Styles | None = None) -> Figure | None:
     """Test accuracy against training time; ``curves`` maps a label to accuracy table(s).
 
     Several tables under one label (repetitions) share its colour, in line styles solid, dashed,
     dotted, dash-dot; the same holds for the other accuracy figures.
     """
-    return _accuracy(curves, "model_time_s", "Test accuracy over time", "training time of the evaluated snapshot (s)")
+    return _accuracy(curves, "model_time_s", "Test accuracy over time", "training time of the evaluated snapshot (s)",
+                     styles=styles)
 
 
-def accuracy_vs_updates(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]]) -> Figure | None:
+def accuracy_vs_updates(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]], styles: Styles | None = None) -> Figure | None:
     """Test accuracy against the number of updates the server applied (model version)."""
-    return _accuracy(curves, "version", "Test accuracy over updates", "updates applied by the server")
+    return _accuracy(curves, "version", "Test accuracy over updates", "updates applied by the server", styles=styles)
 
 
-def accuracy_vs_ingress(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]]) -> Figure | None:
+def accuracy_vs_ingress(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]], styles: Styles | None = None) -> Figure | None:
     """Test accuracy against cumulative ingress at the server (log x): the paper's trade-off.
 
     Tables need ``ingress_bytes`` (see :func:`analysis.runs.accuracy_with_ingress`).
     """
     return _accuracy(curves, "ingress_bytes", "Test accuracy against traffic received by the server",
-                     "cumulative ingress payload at the server (bytes, log scale)", log_x=True)
+                     "cumulative ingress payload at the server (bytes, log scale)", log_x=True, styles=styles)
 
 
 def _fault_markers(ax, faults: pd.DataFrame | None, x_range: tuple[float, float] | None = None) -> None:
@@ -482,7 +594,8 @@ def traced_links(plan: Mapping, net: pd.DataFrame | None) -> Figure | None:
 
 
 def mean_band(ax, runs: Sequence[pd.DataFrame], x: str, y: str, *, label: str | None = None, color: str | None = None,
-              log_x: bool = False, confidence: float = 0.95, points: int = 100) -> bool:
+              log_x: bool = False, confidence: float = 0.95, points: int = 100, linestyle: str = "-",
+              clip: tuple[float, float] | None = None, tag_n: bool = True) -> bool:
     """Draw on ``ax`` the mean of ``y`` over ``runs`` (repetitions of one configuration) against
     ``x``, with its Student-t ``confidence`` interval shaded; returns whether anything was drawn.
 
@@ -517,11 +630,14 @@ def mean_band(ax, runs: Sequence[pd.DataFrame], x: str, y: str, *, label: str | 
     drawn = stats[:, 0] >= max(1, math.ceil(len(curves) / 2))
     xs = 10 ** grid if log_x else grid
     line = ax.plot(np.where(drawn, xs, np.nan), np.where(drawn, stats[:, 1], np.nan), color=color, linewidth=1.6,
-                   label=label if len(curves) == 1 else f"{label} (mean of {len(curves)})" if label else None)[0]
+                   linestyle=linestyle,
+                   label=label if len(curves) == 1 or not tag_n else f"{label} (mean of {len(curves)})" if label else None)[0]
     band = drawn & (stats[:, 0] >= 2)
     if band.any():
-        ax.fill_between(xs, stats[:, 1] - stats[:, 2], stats[:, 1] + stats[:, 2], where=band, color=line.get_color(),
-                        alpha=0.2, linewidth=0)
+        low, high = stats[:, 1] - stats[:, 2], stats[:, 1] + stats[:, 2]
+        if clip is not None:  # an interval of a bounded quantity stays inside its bounds
+            low, high = np.clip(low, *clip), np.clip(high, *clip)
+        ax.fill_between(xs, low, high, where=band, color=line.get_color(), alpha=0.2, linewidth=0)
     if log_x:
         ax.set_xscale("log")
     return True
@@ -597,5 +713,5 @@ def sweep_metric(aggregate: pd.DataFrame, x_key: str, metric: str, series_keys: 
 
 __all__ = [
     "accuracy_vs_ingress", "accuracy_vs_time", "accuracy_vs_updates", "cpu_utilisation", "ingress_rate",
-    "link_utilisation", "mean_band", "save", "staleness_histogram", "sweep_metric", "traffic_both_ways", "worker_share",
+    "link_utilisation", "mean_band", "Styles", "legend_below", "save", "staleness_histogram", "sweep_metric", "traffic_both_ways", "worker_share",
 ]

@@ -359,6 +359,16 @@ def _number(value):
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
+def _last_k(accuracy: pd.DataFrame) -> float | None:
+    """The mean of the last evaluations of the trained model (:func:`analysis.outcomes.mean_of_last`)."""
+    from analysis.outcomes import mean_of_last
+
+    if not len(accuracy) or "accuracy" not in accuracy:
+        return None
+    trained = accuracy[accuracy["version"] > 0] if "version" in accuracy and (accuracy["version"] > 0).any() else accuracy
+    return mean_of_last([_number(float(a)) for a in trained["accuracy"] if a is not None and not pd.isna(a)])
+
+
 def summary_row(run: Run) -> dict:
     """The report's one line for a run: from ``summary.json``, else rebuilt from the streams."""
     s, plan = run.summary, run.plan
@@ -377,6 +387,7 @@ def summary_row(run: Run) -> dict:
         "method": run.method,
         "workers": s.get("workers", len(plan.get("workers", [])) or None),
         "final_accuracy": _number(s.get("final_accuracy", None if last is None else float(last["accuracy"]))),
+        "final_accuracy_last_k": _last_k(accuracy),
         "updates": _number(s.get("updates_applied", int(updates["t"].max()) if len(updates) else 0)),
         "ingress_payload_bytes": _number(s.get("ingress_payload_bytes", int(traffic["ingress_bytes"].sum()) if len(traffic) else 0)),
         "ingress_wire_bytes": _number(s.get("ingress_wire_bytes")),

@@ -5,87 +5,23 @@ each point to ``n``, the mean and the half-width of the confidence interval of e
 (final accuracy, ingress payload bytes, updates, training time), writes them as
 ``sweep.csv`` (numbers) and ``sweep.md`` (readable), and says which grid keys to plot.
 
-The maths is pure and has no dependency beyond the standard library: :func:`t_quantile` is
-the Student t quantile for whole degrees of freedom, from the closed form of the t
-distribution (Abramowitz & Stegun 26.7.3-4) inverted by bisection.
+The statistics (the Student-t interval, rates with exact intervals, the mean of the last
+evaluations) are :mod:`analysis.outcomes`'; this module uses them and re-exports the t maths.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
+from analysis import outcomes
+from analysis.outcomes import CONFIDENCE, mean_ci, t_central, t_quantile  # noqa: F401 - re-exported: sweep tables' maths
+
 METRICS = ("final_accuracy", "ingress_payload_bytes", "egress_payload_bytes", "two_way_bytes_per_update", "updates", "duration_s")
-CONFIDENCE = 0.95
-
-
-# -- the maths ---------------------------------------------------------------------------
-
-
-def t_central(t: float, df: int) -> float:
-    """``P(|T| <= t)`` for Student's t with ``df`` (a positive whole number) degrees of freedom."""
-    if df < 1 or int(df) != df:
-        raise ValueError(f"degrees of freedom must be a whole number >= 1, got {df!r}")
-    if t <= 0:
-        return 0.0
-    if math.isinf(t):
-        return 1.0
-    theta = math.atan(t / math.sqrt(df))
-    c2 = math.cos(theta) ** 2
-    if df % 2 == 1:  # 2/pi * (theta + sin(theta) * (cos + 2/3 cos^3 + (2*4)/(3*5) cos^5 + ...))
-        series, term = 0.0, math.cos(theta)
-        for k in range(1, (df - 1) // 2 + 1):
-            series += term
-            term *= c2 * (2 * k) / (2 * k + 1)
-        return 2.0 / math.pi * (theta + math.sin(theta) * series)
-    series, term = 0.0, 1.0  # sin(theta) * (1 + 1/2 cos^2 + (1*3)/(2*4) cos^4 + ...)
-    for k in range(1, df // 2 + 1):
-        series += term
-        term *= c2 * (2 * k - 1) / (2 * k)
-    return math.sin(theta) * series
-
-
-def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``t_quantile(0.975, 4) = 2.776``)."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"p must be in (0, 1), got {p!r}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    target = 2.0 * p - 1.0
-    low, high = 0.0, 1.0
-    while t_central(high, df) < target:
-        low, high = high, high * 2.0
-    for _ in range(200):
-        middle = (low + high) / 2.0
-        if middle in (low, high):
-            break
-        if t_central(middle, df) < target:
-            low = middle
-        else:
-            high = middle
-    return (low + high) / 2.0
-
-
-def mean_ci(values: Iterable[float], confidence: float = CONFIDENCE) -> tuple[int, float, float]:
-    """``(n, mean, half-width)`` of the two-sided Student-t interval of the mean of ``values``.
-
-    NaN and missing values are left out. The half-width is ``t(1 - (1 - confidence) / 2, n - 1)
-    * s / sqrt(n)`` with ``s`` the sample standard deviation; NaN when ``n < 2`` (one sample says
-    nothing about spread); the mean is NaN when ``n == 0``.
-    """
-    xs = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    n = len(xs)
-    if n == 0:
-        return 0, math.nan, math.nan
-    mean = math.fsum(xs) / n
-    if n < 2:
-        return n, mean, math.nan
-    variance = math.fsum((x - mean) ** 2 for x in xs) / (n - 1)
-    return n, mean, t_quantile(0.5 + confidence / 2.0, n - 1) * math.sqrt(variance / n)
 
 
 # -- tables ------------------------------------------------------------------------------
@@ -121,6 +57,11 @@ def aggregate(table: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str] =
         row["runs"] = len(group)
         row["n"] = len(done)
         row["flagged"] = flagged(done)
+        good = done[[outcomes.trained(r) for r in done.to_dict("records")]] if len(done) else done
+        rate = outcomes.rate(len(done) - len(good), len(done), confidence)
+        row.update(trained=len(good), not_trained=rate["x"], not_trained_low=rate["low"], not_trained_high=rate["high"])
+        _, mean, half = mean_ci(good["final_accuracy_last_k"].tolist() if "final_accuracy_last_k" in good else [], confidence)
+        row.update(trained_accuracy_mean=mean, trained_accuracy_ci95=half)
         for metric in metrics:
             _, mean, half = mean_ci(done[metric].tolist() if metric in done else [], confidence)
             row.update({f"{metric}_mean": mean, f"{metric}_ci95": half, f"{metric}_low": mean - half, f"{metric}_high": mean + half})
@@ -163,11 +104,16 @@ def _cell(metric: str, mean: float, half: float) -> str:
 
 def aggregate_rows(agg: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str] = METRICS) -> tuple[list[str], list[list[str]]]:
     """Headers and text rows of the aggregate table (``mean ± half-width``), for Markdown and HTML."""
-    headers = [*keys, "runs (completed)", *(f"{m} (mean ± 95% CI)" for m in metrics)]
+    headers = [*keys, "runs (completed)", "diverged or dead (95% CI, exact)",
+               f"final accuracy, trained runs (mean of last {outcomes.LAST_K} evaluations ± 95% CI)",
+               *(f"{m} (mean ± 95% CI)" for m in metrics)]
     rows = []
     for row in agg.to_dict("records"):  # not iterrows: it would turn whole numbers into floats
         marked = f"; {row['flagged']}" if row.get("flagged") else ""
-        rows.append([str(row[k]) for k in keys] + [f"{row['runs']} ({row['n']}{marked})"]
+        rate = ({"x": row["not_trained"], "n": row["n"], "share": row["not_trained"] / row["n"] if row["n"] else None,
+                 "low": row["not_trained_low"], "high": row["not_trained_high"]} if "not_trained" in row else None)
+        rows.append([str(row[k]) for k in keys] + [f"{row['runs']} ({row['n']}{marked})", outcomes.rate_cell(rate),
+                     _cell("final_accuracy", row.get("trained_accuracy_mean", math.nan), row.get("trained_accuracy_ci95", math.nan))]
                     + [_cell(m, row[f"{m}_mean"], row[f"{m}_ci95"]) for m in metrics])
     return headers, rows
 
@@ -191,7 +137,9 @@ def write_tables(collection, out: str | Path | None = None) -> pd.DataFrame:
     repeat = collection.sweep.get("repeat")
     text = [f"# Sweep {collection.sweep.get('name', collection.path.name)}", "",
             f"Mean and {CONFIDENCE:.0%} confidence interval (Student t) across {repeat or 'the'} repetitions of each grid point;",
-            "runs that did not complete are counted but not averaged.", "", markdown_table(headers, rows)]
+            "runs that did not complete are counted but not averaged. A run that diverged or died is a yes/no outcome: its "
+            "rate has the exact (Clopper-Pearson) interval, and final accuracy is the mean of each trained run's last "
+            f"{outcomes.LAST_K} evaluations, over the runs that trained only.", "", markdown_table(headers, rows)]
     (out / "sweep.md").write_text("\n".join(text))
     return agg
 

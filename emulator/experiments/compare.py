@@ -13,10 +13,16 @@ rerun reuses the runs that completed):
   repetitions ``01-adacomp-r0``, ``01-adacomp-r1``, ...), complete as ``emulate run`` leaves it;
 - ``compare.json``: ``methods``, one record per run (``repeat``, ``seed``, its accuracy-versus-bytes
   curve, ...); ``aggregate``, per method the mean and Student-t 95% interval of every numeric
-  column; ``pairs``, per pair of methods the paired difference of final accuracy and of time
-  to target with its interval and a verdict ("A better", "B better", "can't tell");
-- ``compare.md``: one table (see :data:`COLUMNS`), of means and intervals with repetitions,
-  then the paired differences;
+  column, the rate of runs that diverged or died with its exact (Clopper-Pearson) interval, and
+  final accuracy (the mean of the last :data:`analysis.outcomes.LAST_K` evaluations) and
+  accuracy at the time common to all trained runs, over the runs that trained only; ``pairs``,
+  per pair of methods Fisher's exact test on diverged-or-dead, the paired difference of final
+  accuracy over the repetitions in which both trained and of time to target (paired t tests),
+  each with Holm's adjustment over the family of the comparison's pairs and the verdict it
+  supports ("A better", "B better", "can't tell"; ``family`` in the report states the family);
+  the unadjusted interval verdicts of earlier reports stay under ``final_accuracy``/``verdict``;
+- ``compare.md``: one table (see :data:`COLUMNS`; with repetitions :data:`REPEATED_COLUMNS`),
+  then the paired tests with their adjusted verdicts;
 - ``accuracy_vs_ingress.png``: test accuracy against the cumulative bytes of the updates the
   server applied, log x axis: one line per method, or its mean and shaded interval.
 
@@ -65,6 +71,7 @@ from typing import Callable
 
 import numpy as np
 
+from analysis import outcomes  # rates with exact intervals, Fisher, Holm, smoothed final accuracy: sweep uses them too
 from analysis.sweep import CONFIDENCE, mean_ci  # the project's one Student-t interval: sweep tables use it too
 
 from emulator import backends  # backends.choose, the seam tests replace
@@ -87,6 +94,9 @@ AGGREGATED = ("final_accuracy", "updates", "ingress_payload_bytes", "bytes_per_u
               "down_bytes_per_update", "two_way_bytes_per_update",
               "time_to_target", "compress_overhead")  # the numeric columns of COLUMNS, as row keys
 CANT_TELL = "can't tell"
+FAMILY_RULE = ("per measure (diverged or dead; final accuracy over pairs that both trained; time to target), the family is "
+               "every pair of this comparison's methods that could be tested; Holm's step-down adjustment; a verdict needs "
+               "an adjusted p below 0.05")
 SEED_RULE = f"seed_r = (seed + r * {SEED_STRIDE}) mod 2**32, r = 0 the scenario's seed"  # emulator.experiments.sweep's rule
 RUN_SECTIONS = ("training", "dataset", "server", "evaluator", "workers", "faults")  # scenario keys a method spec may set
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -331,7 +341,8 @@ def summarize_run(run_dir: Path, label: str) -> dict:
         "down_bytes_per_update": summary.get("down_bytes_per_update"),
         "two_way_bytes_per_update": summary.get("two_way_bytes_per_update"),
         "compress_overhead": compress_overhead(read_jsonl(run_dir / "steps.jsonl")),
-        "curve": accuracy_curve(updates, read_jsonl(run_dir / "accuracy.jsonl"), training_start(run_dir, summary)),
+        "curve": (curve := accuracy_curve(updates, read_jsonl(run_dir / "accuracy.jsonl"), training_start(run_dir, summary))),
+        "final_accuracy_last_k": last_k_accuracy(curve),
     }
 
 
@@ -358,6 +369,14 @@ def accuracy_curve(updates: list[dict], accuracy: list[dict], training_started_t
         time_s = None if training_started_ts is None or "ts" not in record else round(record["ts"] - training_started_ts, 3)
         curve.append({"version": record["version"], "bytes": int(cumulative[seen]), "accuracy": record["accuracy"], "time_s": time_s})
     return curve
+
+
+def last_k_accuracy(curve: list[dict], k: int = outcomes.LAST_K) -> float | None:
+    """Final accuracy as the mean of the last ``k`` evaluations of a trained model (version > 0: the
+    initial model's evaluation is not training); the last evaluations of one run vary by as much
+    as the differences a comparison judges."""
+    trained_points = [p["accuracy"] for p in curve if p.get("version", 1) > 0]
+    return outcomes.mean_of_last(trained_points or [p["accuracy"] for p in curve], k)
 
 
 def compress_overhead(steps: list[dict]) -> float | None:
@@ -388,10 +407,21 @@ def time_to(curve: list[dict], target: float) -> dict | None:
 
 def write_report(out: Path, rows: list[dict], target_accuracy: float | None = None, meta: dict | None = None) -> dict:
     """``compare.json``, ``compare.md`` and the figure, from the rows of :func:`summarize_run`
-    (with ``repeat``: rows of the same repetition ran with the same seed).
+    (with ``repeat``: rows of the same repetition ran with the same seed): :func:`report_of`,
+    written."""
+    report = report_of(rows, target_accuracy, meta)
+    write_json_atomic(out / "compare.json", report)
+    (out / "compare.md").write_text(render_markdown(report))
+    plot_accuracy_vs_ingress(rows, report["target_accuracy"], out / FIGURE)
+    return report
+
+
+def report_of(rows: list[dict], target_accuracy: float | None = None, meta: dict | None = None, figure: str = FIGURE) -> dict:
+    """The comparison's report from its rows, pure: the same from run directories and from
+    committed records (:mod:`emulator.experiments.records`).
 
     The target accuracy is one for every run: ``target_accuracy``, else 90% of the best method's
-    mean final accuracy over its completed runs. ``compare.json`` holds the rows (``methods``),
+    mean final accuracy over its completed runs. The report holds the rows (``methods``),
     :func:`aggregate` and :func:`pairs`."""
     means = {label: mean_ci(r["final_accuracy"] for r in rows if r["method"] == label and _completed(r))[1]
              for label in _labels(rows)}
@@ -403,18 +433,19 @@ def write_report(out: Path, rows: list[dict], target_accuracy: float | None = No
     # Its method's mean bytes per update (over the runs that did not diverge or die, if it has some).
     dense_bytes = float(np.mean([r["bytes_per_update"] for r in dense_rows if r["method"] == dense["method"]
                                  and (flag(dense) or not flag(r))])) if dense else None
+    at_time = outcomes.common_time(r["curve"] for r in rows if _completed(r) and outcomes.trained(r))
     for row in rows:
         row["ratio_to_dense"] = dense_bytes / row["bytes_per_update"] if dense and row["bytes_per_update"] else None
         row["time_to_target"] = time_to(row["curve"], target) if target is not None else None
+        row.setdefault("final_accuracy_last_k", last_k_accuracy(row.get("curve") or []))
+        row["accuracy_at_time"] = None if at_time is None else outcomes.accuracy_at(row.get("curve") or [], at_time)
     report = {**(meta or {}), "target_accuracy": target, "dense_reference": dense["method"] if dense else None,
-              "figure": FIGURE, "methods": rows}
+              "figure": figure, "methods": rows}
     report.setdefault("repeat", len({r.get("repeat", 0) for r in rows}) or 1)
     report.update(target_rule=("given" if target_accuracy is not None else
                                f"{DEFAULT_TARGET_FRACTION:.0%} of the best mean final accuracy, {best}'s" if best else None),
-                  confidence=CONFIDENCE, aggregate=aggregate(rows), pairs=pairs(rows))
-    write_json_atomic(out / "compare.json", report)
-    (out / "compare.md").write_text(render_markdown(report))
-    plot_accuracy_vs_ingress(rows, target, out / FIGURE)
+                  confidence=CONFIDENCE, aggregate=aggregate(rows), pairs=pairs(rows),
+                  last_k=outcomes.LAST_K, at_time_s=at_time, alpha=outcomes.ALPHA, family=FAMILY_RULE)
     return report
 
 
@@ -448,10 +479,14 @@ def aggregate(rows: list[dict], confidence: float = CONFIDENCE) -> list[dict]:
     for label in _labels(rows):
         mine = [r for r in rows if r["method"] == label]
         done = [r for r in mine if _completed(r)]
-        outcomes = [flag(r).strip(" ()") for r in done]
+        marks = [flag(r).strip(" ()") for r in done]
         entry = {"method": label, "runs": len(mine), "completed": len(done),
-                 "flagged": ", ".join(f"{outcomes.count(o)} {o}" for o in FLAGGED if o in outcomes),
+                 "flagged": ", ".join(f"{marks.count(o)} {o}" for o in FLAGGED if o in marks),
                  "reached_target": sum(1 for r in done if r.get("time_to_target"))}
+        good = [r for r in done if outcomes.trained(r)]
+        entry |= {"not_trained": outcomes.rate(len(done) - len(good), len(done), confidence), "trained": len(good),
+                  "trained_accuracy": _interval([r.get("final_accuracy_last_k") for r in good], confidence),
+                  "trained_accuracy_at_time": _interval([r.get("accuracy_at_time") for r in good], confidence)}
         out.append(entry | {column: _interval([_value(r, column) for r in done], confidence) for column in AGGREGATED})
     return out
 
@@ -484,8 +519,23 @@ def pairs(rows: list[dict], confidence: float = CONFIDENCE) -> list[dict]:
                     neither_reached=sum(1 for x, y in times if x is None and y is None),
                     ratio=[_time_ratio(x, y) for x, y in both])
         accuracy = _difference([(x["final_accuracy"], y["final_accuracy"]) for x, y in both], True, confidence)
+        done_a = [r for r in rows if r["method"] == a and _completed(r)]
+        done_b = [r for r in rows if r["method"] == b and _completed(r)]
+        fails = lambda runs: sum(1 for r in runs if not outcomes.trained(r))  # noqa: E731
+        divergence = outcomes.compare_rates(fails(done_a), len(done_a), fails(done_b), len(done_b))
+        trained_both = [(x, y) for x, y in both if outcomes.trained(x) and outcomes.trained(y)]
+        trained_accuracy = outcomes.paired_difference(
+            [(x.get("final_accuracy_last_k"), y.get("final_accuracy_last_k")) for x, y in trained_both], confidence)
+        time["p"] = outcomes.t_p_value(time["mean"], time["half_width"], time["n"], confidence) if time["mean"] is not None else None
         out.append({"a": a, "b": b, "repeats": len(repeats), "completed_pairs": len(both), "left_out": left_out,
-                    "final_accuracy": accuracy, "time_to_target": time})
+                    "final_accuracy": accuracy, "time_to_target": time, "not_trained": divergence,
+                    "trained_pairs": len(trained_both), "trained_accuracy": trained_accuracy})
+    # One family per measure: the comparison's pairs (Holm over the tests that could be made).
+    outcomes.adjust_family([p["not_trained"] for p in out], higher_is_better=False)
+    outcomes.adjust_family([p["trained_accuracy"] for p in out], higher_is_better=True)
+    times = [{"mean": p["time_to_target"]["mean"], "p": p["time_to_target"]["p"]} for p in out]
+    for pair, adjusted in zip(out, outcomes.adjust_family(times, higher_is_better=False)):
+        pair["time_to_target"].update(p_holm=adjusted["p_holm"], family=adjusted["family"], verdict_holm=adjusted["verdict"])
     return out
 
 
@@ -567,10 +617,17 @@ def render_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+REPEATED_COLUMNS = ("method", "diverged or dead", "final accuracy, trained runs", "accuracy at the common time, trained runs",
+                    "updates", "ingress payload (B)", "bytes / update", "vs dense", "down B / update", "two-way B / update",
+                    "time to target (s)", "compress / compute")
+
+
 def _render_repeated(report: dict) -> str:
-    """The table of means with intervals, then the paired differences."""
+    """The table of rates and means with intervals, then the paired tests with family-adjusted verdicts."""
     confidence = f"{report.get('confidence', CONFIDENCE):.0%}"
     seeds = report.get("seeds") or sorted({r.get("seed") for r in report["methods"]}, key=str)
+    k = report.get("last_k", outcomes.LAST_K)
+    at = report.get("at_time_s")
     lines = [
         f"# Comparison: {report.get('name', '')}", "",
         f"Scenario `{report.get('scenario', '')}`, backend {report.get('backend')}, {report['repeat']} paired repetitions: "
@@ -579,36 +636,63 @@ def _render_repeated(report: dict) -> str:
         f"Target accuracy {_num(report['target_accuracy'], '.4f')}"
         + (f" ({report['target_rule']})" if report.get("target_rule") else "") + ", the same for every run; "
         f"ratios against `{report['dense_reference'] or 'no dense run'}` (its mean bytes per update).", "",
-        f"Each cell: mean ± half-width of the {confidence} Student-t interval of the mean (number of runs); runs that "
-        "did not complete are not averaged; time to target over the runs that reached it. One row per run: `compare.json`.", "",
-        "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS),
+        "A run either trains or does not: \"diverged or dead\" is a rate over the completed runs with its exact "
+        f"{confidence} Clopper-Pearson interval. Final accuracy is the mean of a run's last {k} evaluations, averaged over "
+        f"the runs that trained only; accuracy at the common time is each trained run's last evaluation by "
+        f"{_num(at, '.1f')} s of training (the shortest trained run's last evaluation). Other cells: mean ± half-width of "
+        f"the {confidence} Student-t interval of the mean (number of runs) over the completed runs; time to target over "
+        "the runs that reached it. One row per run: `compare.json`.", "",
+        "| " + " | ".join(REPEATED_COLUMNS) + " |", "|" + "---|" * len(REPEATED_COLUMNS),
     ]
     for entry in report["aggregate"]:
-        notes = ([f"{entry['completed']} of {entry['runs']} completed"] if entry["completed"] < entry["runs"] else []) \
-            + ([entry["flagged"]] if entry["flagged"] else [])
+        notes = [f"{entry['completed']} of {entry['runs']} completed"] if entry["completed"] < entry["runs"] else []
         unreached = entry["completed"] - entry["reached_target"]
         time = "not reached" if entry["completed"] and not entry["reached_target"] else (
             _cell(entry["time_to_target"], ".1f") + (f"; not reached in {unreached}" if unreached else ""))
         cells = [f"`{entry['method']}`" + (f" ({'; '.join(notes)})" if notes else ""),
-                 _cell(entry["final_accuracy"], ".4f"), _cell(entry["updates"], ",.0f"),
+                 outcomes.rate_cell(entry.get("not_trained")),
+                 _cell(entry.get("trained_accuracy") or {"n": 0}, ".4f"),
+                 _cell(entry.get("trained_accuracy_at_time") or {"n": 0}, ".4f"),
+                 _cell(entry["updates"], ",.0f"),
                  _cell(entry["ingress_payload_bytes"], ",.0f"), _cell(entry["bytes_per_update"], ",.0f"),
                  _cell(entry["ratio_to_dense"], ".1f", "x"), _cell(entry["down_bytes_per_update"], ",.0f"),
                  _cell(entry["two_way_bytes_per_update"], ",.0f"), time, _cell(entry["compress_overhead"], ".3f")]
         lines.append("| " + " | ".join(cells) + " |")
+    family = report.get("family", FAMILY_RULE)
     lines += ["", "## Paired differences", "",
-              f"A - B over the repetitions in which both completed (same seed): mean and {confidence} Student-t interval "
-              "of the paired differences (number of pairs). A verdict needs an interval that excludes 0: higher final "
-              "accuracy is better, a shorter time to target is better; \"can't tell\" otherwise (or with fewer than 2 pairs). "
-              "Time differences need both runs to reach the target.", "",
-              "| A | B | final accuracy A - B | verdict | time to target A - B (s) | verdict |", "|---|---|---|---|---|---|"]
+              f"Family: {family}. Each table gives the raw p-value, Holm's adjusted one and the verdict it supports "
+              "(\"can't tell\" where the adjusted p is not below 0.05, or no test could be made).", "",
+              "### Diverged or dead", "",
+              "Fisher's exact test (two-sided) on the 2x2 table of trained and not trained runs; a lower rate is better.", "",
+              "| A | B | A: diverged or dead | B: diverged or dead | p | p (Holm) | verdict |", "|---|---|---|---|---|---|---|"]
+    for pair in report["pairs"]:
+        test = pair.get("not_trained")
+        if test:
+            lines.append(f"| `{pair['a']}` | `{pair['b']}` | {outcomes.rate_cell(test['a'])} | {outcomes.rate_cell(test['b'])} | "
+                         f"{outcomes.p_cell(test['p'])} | {outcomes.p_cell(test.get('p_holm'))} | "
+                         f"{_verdict(test, pair['a'], pair['b'])} |")
+    lines += ["", "### Final accuracy over the repetitions in which both trained", "",
+              f"A - B of the mean of the last {k} evaluations, paired by seed: mean and {confidence} Student-t interval "
+              "(number of pairs), paired t test; higher is better.", "",
+              "| A | B | A - B | p | p (Holm) | verdict |", "|---|---|---|---|---|---|"]
+    for pair in report["pairs"]:
+        test = pair.get("trained_accuracy")
+        if test:
+            lines.append(f"| `{pair['a']}` | `{pair['b']}` | {_cell(test, '+.4f')} | {outcomes.p_cell(test['p'])} | "
+                         f"{outcomes.p_cell(test.get('p_holm'))} | {_verdict(test, pair['a'], pair['b'])} |")
+    lines += ["", "### Time to target", "",
+              f"A - B in seconds over the repetitions in which both completed and reached the target: mean and {confidence} "
+              "Student-t interval (number of pairs), paired t test; shorter is better.", "",
+              "| A | B | A - B (s) | p | p (Holm) | verdict |", "|---|---|---|---|---|---|"]
     notes = []
     for pair in report["pairs"]:
         a, b = pair["a"], pair["b"]
-        accuracy, time = pair["final_accuracy"], pair["time_to_target"]
+        time = pair["time_to_target"]
         one_sided = "; ".join(f"only `{who}` reached it ({time[key]} of {pair['completed_pairs']})"
                               for key, who in (("only_a_reached", a), ("only_b_reached", b)) if time[key])
-        lines.append(f"| `{a}` | `{b}` | {_cell(accuracy, '+.4f')} | {_verdict(accuracy, a, b)} "
-                     f"| {_cell(time, '+.1f') if time['n'] or not one_sided else one_sided} | {_verdict(time, a, b)} |")
+        held = {"verdict": time.get("verdict_holm", time["verdict"])}
+        lines.append(f"| `{a}` | `{b}` | {_cell(time, '+.1f') if time['n'] or not one_sided else one_sided} | "
+                     f"{outcomes.p_cell(time.get('p'))} | {outcomes.p_cell(time.get('p_holm'))} | {_verdict(held, a, b)} |")
         notes += [f"- `{a}` vs `{b}`: repetition {x['repeat']} left out ({x['why']})" for x in pair["left_out"]]
         for key, who in (("only_a_reached", a), ("only_b_reached", b)):
             if time[key]:
@@ -639,38 +723,35 @@ def _num(value, spec: str, suffix: str = "") -> str:
 
 def plot_accuracy_vs_ingress(rows: list[dict], target: float | None, path: Path) -> None:
     """Accuracy against cumulative applied-update bytes (log x; evaluations before the first update
-    have no place on it): one line per method with one run, the mean and its shaded 95%
-    Student-t band (:func:`analysis.figures.mean_band`) per method with several."""
+    have no place on it), drawn by :func:`analysis.figures.accuracy_vs_ingress`: one style per
+    method, the mean and its 95 % band over the runs that trained, a run that diverged or died
+    drawn to its last evaluation with a cross; the target as a grey line."""
     import pandas as pd
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
-    from analysis.figures import mean_band
+    from analysis import figures
 
-    figure = Figure(figsize=(7, 4.5))
-    FigureCanvasAgg(figure)
-    ax = figure.add_subplot()
-    banded = False
-    for i, label in enumerate(_labels(rows)):
-        curves = [[(p["bytes"], p["accuracy"]) for p in r["curve"] if p["bytes"] > 0] for r in rows if r["method"] == label]
-        curves = [c for c in curves if c]
-        if len(curves) == 1:
-            x, y = zip(*curves[0])
-            ax.plot(x, y, marker="o", markersize=3, label=label, color=f"C{i % 10}")
-        elif curves:
-            banded = mean_band(ax, [pd.DataFrame(c, columns=["bytes", "accuracy"]) for c in curves], "bytes", "accuracy",
-                               label=label, color=f"C{i % 10}", log_x=True, confidence=CONFIDENCE) or banded
-    if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", linewidth=0.8, label=f"target {target:.3f}")
-    ax.set_xscale("log")
-    ax.set_xlabel("cumulative ingress at the server (bytes of applied updates)")
-    ax.set_ylabel("test accuracy" + (f" (mean, shaded: {CONFIDENCE:.0%} interval)" if banded else ""))
-    ax.grid(True, which="both", linewidth=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    curves = {}
+    for label in _labels(rows):
+        tables = []
+        for r in rows:
+            if r["method"] != label or not r.get("curve"):
+                continue
+            table = pd.DataFrame([{"ingress_bytes": p["bytes"], "accuracy": p["accuracy"]} for p in r["curve"]])
+            table.attrs["outcome"] = r.get("outcome") or ("diverged" if r.get("diverged") else None)
+            tables.append(table)
+        curves[label] = tables
+    fig = figures.accuracy_vs_ingress(curves)
+    if fig is None:
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=figures.SIZE, dpi=figures.DPI)
+        fig.text(0.5, 0.5, "no evaluation after an applied update", ha="center")
+    elif target is not None:
+        fig.axes[0].axhline(target, color="grey", linestyle="--", linewidth=0.8)
+        fig.axes[0].annotate(f"target {target:.3f}", (0.0, target), xycoords=("axes fraction", "data"), xytext=(4, 3),
+                             textcoords="offset points", fontsize="x-small", color="grey")
+    figures.save(fig, path)
 
 
-__all__ = ["compare", "parse_method_spec", "MethodSpec", "summarize_run", "write_report", "aggregate", "pairs",
+__all__ = ["compare", "parse_method_spec", "MethodSpec", "summarize_run", "write_report", "report_of", "aggregate", "pairs",
            "accuracy_curve", "compress_overhead", "time_to", "training_start"]

@@ -206,8 +206,9 @@ def test_repetitions_report_means_intervals_and_verdicts(tmp_path):
     assert pair["final_accuracy"]["mean"] == pytest.approx(-0.11) and pair["final_accuracy"]["verdict"] == "B better"
     markdown = (tmp_path / "compare.md").read_text()
     assert "3 paired repetitions" in markdown and "seeds 10, 11, 12" in markdown
-    assert "| `adacomp` | 0.9100 ± 0.0248 (3) | 4 ± 0 (3) |" in markdown
-    assert "| `asgd` | `adacomp` | -0.1100 ± " in markdown and "`adacomp` better" in markdown
+    # Final accuracy: the mean of the last 3 evaluations of the trained model (versions 2 and 4 here).
+    assert "| `adacomp` | 0 of 3 (0%; 0%-71%) | 0.8100 ± 0.0248 (3) | 0.9100 ± 0.0248 (3) | 4 ± 0 (3) |" in markdown
+    assert "| `asgd` | `adacomp` | -0.0600 ± 0.0248 (3) | 0.00913 | 0.00913 | `adacomp` better |" in markdown
     assert "only `adacomp` reached the target in 3 of the 3 repetitions" in markdown
     assert "| 40.0x ± 0.0x (3) |" in markdown
     assert (tmp_path / "accuracy_vs_ingress.png").stat().st_size > 5000
@@ -380,3 +381,45 @@ def test_two_methods_twice_on_the_local_backend(tmp_path):
     assert pair["final_accuracy"]["n"] == 2 and pair["final_accuracy"]["verdict"] in ("A better", "B better", "can't tell")
     assert (out / "accuracy_vs_ingress.png").stat().st_size > 5000
     print("\n" + (out / "compare.md").read_text())
+
+
+# -- outcomes as rates, accuracy over trained runs, Holm over the comparison's pairs --------
+
+
+def outcome_row(method: str, repeat: int, accuracy: float, outcome: str = "ok") -> dict:
+    return {**row(method, repeat, accuracy, None), "outcome": outcome, "final_accuracy_last_k": accuracy}
+
+
+def test_divergence_is_a_rate_with_an_exact_test_and_accuracy_is_over_trained_runs():
+    from emulator.experiments.compare import aggregate, pairs
+
+    # The 64-device case: Comp-c diverged in 2 of 3 runs, AdaComp in none.
+    rows = [outcome_row("comp_c", 0, 0.10, "diverged"), outcome_row("adacomp", 0, 0.70),
+            outcome_row("comp_c", 1, 0.10, "diverged"), outcome_row("adacomp", 1, 0.66),
+            outcome_row("comp_c", 2, 0.75), outcome_row("adacomp", 2, 0.69)]
+    (pair,) = pairs(rows)
+    rates = pair["not_trained"]
+    assert (rates["a"]["x"], rates["a"]["n"], rates["b"]["x"], rates["b"]["n"]) == (2, 3, 0, 3)
+    assert rates["p"] == pytest.approx(0.4) and rates["verdict"] == "can't tell"
+    # Accuracy only where both trained: repetition 2, one pair, no test.
+    assert pair["trained_pairs"] == 1 and pair["trained_accuracy"]["n"] == 1
+    assert pair["trained_accuracy"]["mean"] == pytest.approx(0.06) and pair["trained_accuracy"]["verdict"] == "can't tell"
+    stats = {entry["method"]: entry for entry in aggregate(rows)}
+    assert stats["comp_c"]["trained"] == 1 and stats["comp_c"]["trained_accuracy"]["mean"] == pytest.approx(0.75)
+    assert stats["comp_c"]["not_trained"]["low"] == pytest.approx(0.0943, abs=1e-4)  # Clopper-Pearson, 2 of 3
+    assert stats["adacomp"]["not_trained"]["high"] == pytest.approx(1 - 0.025 ** (1 / 3), rel=1e-9)
+
+
+def test_verdicts_are_adjusted_over_the_family_of_pairs():
+    from emulator.experiments.compare import pairs
+
+    # Three methods, three pairs: a and b differ clearly from c.
+    rows = []
+    for rep, (a, b, c) in enumerate([(0.80, 0.78, 0.60), (0.81, 0.80, 0.61), (0.79, 0.77, 0.62), (0.82, 0.79, 0.60)]):
+        rows += [outcome_row("a", rep, a), outcome_row("b", rep, b), outcome_row("c", rep, c)]
+    by = {(p["a"], p["b"]): p["trained_accuracy"] for p in pairs(rows)}
+    assert all(test["family"] == 3 for test in by.values())
+    assert by[("a", "c")]["verdict"] == "A better" and by[("b", "c")]["verdict"] == "A better"
+    assert all(test["p_holm"] >= test["p"] for test in by.values())
+    ranked = sorted(by.values(), key=lambda t: t["p"])
+    assert ranked[0]["p_holm"] == pytest.approx(min(1.0, 3 * ranked[0]["p"]))

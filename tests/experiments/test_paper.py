@@ -108,6 +108,14 @@ def test_the_figures_pipeline_completes_on_mnist_5k_when_the_preferred_datasets_
                     "Device CPU heterogeneity", "Device crashes", "Staleness against the number of workers",
                     "Both directions of traffic", "Device availability from traces"):
         assert f"## {section}" in results
+    # Every run left its record, and the reproduction regenerates from the records alone.
+    from emulator.experiments.paper.regenerate import regenerate
+    from emulator.experiments.records import read_records
+
+    experiments = {r["experiment"] for r in read_records(out / "records")}
+    assert {"bytes", "methods", "ingress", "crash", "staleness-2", "availability"} <= experiments
+    again = regenerate(out / "records", tmp_path / "again", "make reproduction").read_text()
+    assert "## Accuracy and bytes per method (`methods`)" in again and "Fisher" in again
     assert "Command: `emulate compare scenarios/paper/methods.yaml" in results
     assert "| 2 | adacomp:c=0.01 | 2 |" in results  # AdaComp's staleness row: 2 workers, 2 paired runs
     assert "### symmetric 10 Mbit/s, 2 workers" in results and (out / "two_way_symmetric_2.png").is_file()
@@ -159,3 +167,97 @@ def test_each_method_gets_the_alpha_of_its_best_run_that_neither_diverged_nor_di
     assert best_alphas(profile, tmp_path) == {"asgd": 0.005, "adacomp:c=0.01": 0.02, "comp_c:c=0.01": 0.02}
     assert with_alpha("adacomp:c=0.01", 0.02) == "adacomp:c=0.01:training.learning_rate=0.02"
     assert best_alphas(PROFILES["smoke"], tmp_path) == {}  # no grid in the profile: the paper's alpha only
+
+
+# -- the runs the claims need, planned without running ------------------------------------
+
+
+def _planned_runs(planned):
+    from emulator.experiments.compare import _parse_all, _plan_runs
+    from emulator.experiments.paper.profiles import PAPER
+
+    return _plan_runs(PAPER / "methods.yaml", _parse_all(list(planned.methods), list(planned.overrides)),
+                      list(planned.overrides), planned.repeat)
+
+
+def test_claim6_rests_on_ten_paired_seeds_at_the_shared_step_and_at_each_ones_best():
+    from emulator.experiments.paper.claims import plan_claim6, plan_claim6_grid
+
+    profile = PROFILES["paper"]
+    grid = plan_claim6_grid(profile, "fashion-mnist")
+    assert grid.repeat >= 2 and set(profile.claim6_grid) > {profile.claim6_alpha}
+    assert min(profile.claim6_grid) < profile.claim6_alpha < max(profile.claim6_grid)  # the grid brackets the shared step
+    planned = plan_claim6(profile, "fashion-mnist", {"comp_c:c=0.01": 0.005, "adacomp:c=0.01": 0.01})
+    assert planned.methods == ("comp_c:c=0.01:training.learning_rate=0.02", "adacomp:c=0.01:training.learning_rate=0.02",
+                               "comp_c:c=0.01:training.learning_rate=0.005", "adacomp:c=0.01:training.learning_rate=0.01")
+    runs = _planned_runs(planned)
+    assert len(runs) == 40
+    seeds = {run.repeat: run.seed for run in runs}
+    assert len(set(seeds.values())) == planned.repeat >= 10  # ten distinct seeds ...
+    assert all(run.seed == seeds[run.repeat] for run in runs)  # ... each shared by every method: paired
+    assert all(run.scenario.workers[0].count == 64 for run in runs)
+    assert {run.scenario.training.max_updates for run in runs} == {2000}
+    # Grid and comparison at the same length and on the same devices.
+    assert {r.scenario.training.max_updates for r in _planned_runs(grid)} == {2000}
+    # A best step equal to the shared one is not run twice; an unknown best is not run.
+    assert len(plan_claim6(profile, "fashion-mnist", {"comp_c:c=0.01": 0.02, "adacomp:c=0.01": 0.01}).methods) == 3
+    assert len(plan_claim6(profile, "fashion-mnist", {}).methods) == 2
+
+
+def test_the_step_grids_bracket_the_steps_chosen_before_and_run_at_the_comparisons_length():
+    profile = PROFILES["paper"]
+    previous = {"asgd": 0.001, "comp_c:c=0.01": 0.005, "adacomp:c=0.01": 0.005, "adacomp:c=0.001": 0.02}
+    grids = profile.step_grids()
+    assert set(grids) == set(previous) and profile.alpha_repeat >= 2
+    for method, alpha in previous.items():
+        assert min(grids[method]) < alpha < max(grids[method]), method
+    assert profile.overrides("alpha", "x") == profile.overrides("methods", "x")  # the comparison's devices and length
+
+
+def test_the_191x_and_equal_step_runs():
+    from emulator.experiments.paper.claims import nearest_step, plan_c191, plan_equal_step
+
+    profile = PROFILES["paper"]
+    best = {"asgd": 0.001, "comp_c:c=0.01": 0.005, "adacomp:c=0.01": 0.01, "adacomp:c=0.001": 0.02}
+    assert nearest_step("adacomp:c=0.0016", best) == 0.02 and nearest_step("adacomp:c=0.0039", best) == 0.01
+    planned = plan_c191(profile, "fashion-mnist", best)
+    assert planned.repeat == 3 and {float(m.split("c=")[1].split(":")[0]) for m in planned.methods} == {0.0016, 0.0039}
+    assert {m.split(":")[0] for m in planned.methods} == {"adacomp", "comp_c"}
+    runs = _planned_runs(planned)
+    assert len(runs) == 12 and {r.scenario.training.max_updates for r in runs} == {20000}
+    equal = plan_equal_step(profile, "fashion-mnist", best)
+    assert equal.methods == ("staleness_asgd:training.learning_rate=0.1", "adacomp:c=0.01:training.learning_rate=0.1",
+                             "staleness_asgd:training.learning_rate=0.01", "adacomp:c=0.01:training.learning_rate=0.01")
+    assert len(_planned_runs(equal)) == 12
+
+
+def test_the_budget_counts_every_run_and_prices_it():
+    from emulator.experiments.paper.claims import budget
+
+    rows = {name: (runs, minutes) for name, runs, minutes in budget(PROFILES["paper"])}
+    assert set(rows) == set(driver.EXPERIMENTS)
+    assert rows["claim6"][0] == 20 + 40 and rows["c191"][0] == 12 and rows["methods"][0] == 27
+    assert all(minutes > 0 for name, (runs, minutes) in rows.items() if runs)
+
+
+def test_a_step_is_chosen_only_where_every_seed_trained_and_marked_at_the_edge():
+    from emulator.experiments.paper.steps import choose, with_alpha
+
+    def row(alpha, accuracy, outcome="ok"):
+        return {"method": with_alpha("m", alpha), "status": "completed", "outcome": outcome, "final_accuracy_last_k": accuracy}
+
+    rows = [row(0.1, 0.9), row(0.1, 0.1, "diverged"), row(0.01, 0.8), row(0.01, 0.82), row(0.001, 0.5), row(0.001, 0.6)]
+    choice = choose(rows, {"m": (0.1, 0.01, 0.001)})["m"]
+    assert choice.alpha == 0.01 and choice.inside and choice.scores[0.1]["trained"] == 1
+    edge = choose([row(0.01, 0.8), row(0.001, 0.5)], {"m": (0.01, 0.001)})["m"]
+    assert edge.alpha == 0.01 and not edge.inside and "edge" in edge.verdict
+
+
+def test_a_section_says_how_many_runs_were_reused_and_what_they_cost():
+    from emulator.experiments.paper.results import timing
+
+    section = Section("x", [], [], "emulate compare ...", seconds=1.2,
+                      runs=[{"runs": 27, "reused": 27, "run_seconds": 5520.0}, {"runs": 3, "reused": 1, "run_seconds": 180.0}])
+    assert timing(section) == (" 30 runs (28 reused from an earlier invocation, 2 run by this one); their run time 1 h 35 min "
+                               "(boot and training, summed from their summaries); wall time of this invocation 1 s.")
+    assert timing(Section("y", [], [], "-", seconds=6.0)) == " Wall time of this invocation 6 s."

@@ -329,7 +329,10 @@ def test_sweep_tables_and_report_from_a_sweep_directory(scenario, tmp_path):
     csv = pd.read_csv(tmp_path / "sweep" / "sweep.csv")
     assert list(csv["faults.crash.rate_per_hour"]) == [0, 0, 30, 30, 120, 120]
     md = (tmp_path / "sweep" / "sweep.md").read_text()
-    assert "| faults.crash.rate_per_hour | method.name | runs (completed) | final_accuracy (mean ± 95% CI) |" in md
+    assert ("| faults.crash.rate_per_hour | method.name | runs (completed) | diverged or dead (95% CI, exact) | "
+            "final accuracy, trained runs (mean of last 3 evaluations ± 95% CI) | final_accuracy (mean ± 95% CI) |") in md
+    assert "| 0 of 2 (0%; 0%-84%) |" in md  # no run diverged: the rate and its exact interval
+    assert set(agg["not_trained"]) == {0} and set(agg["trained"]) == {2}
     assert " ± " in md
     result = CliRunner().invoke(main, ["report", str(tmp_path / "sweep")])
     assert result.exit_code == 0, result.output

@@ -71,7 +71,7 @@ def availability_experiment(profile, out: Path, backend: str, dataset: str, say)
              "(30 minutes of trace at 20x; offline is a pause, the worker's push waits), the same devices and offsets at each "
              "level. Each run's share online is its plan's.", "", *lines, ""]
     return Section("Device availability from traces", intro + body, sweep_figures("availability", collection, out, KEY),
-                   result["command"], failures)
+                   result["command"], failures, runs=[result["runs"]])
 
 
 __all__ = ["availability_experiment", "levels_for", "online_share"]

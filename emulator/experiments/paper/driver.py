@@ -34,7 +34,28 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", choices=("auto", "docker", "local"), default="auto")
     parser.add_argument("--out", default="figures")
     parser.add_argument("--only", nargs="*", choices=tuple(EXPERIMENTS), default=None)
+    parser.add_argument("--records", default=None,
+                        help="where each run's compact record goes (default: <out>/records; docs/reproduction/records "
+                             "is the committed copy)")
+    parser.add_argument("--from-records", default=None, metavar="DIR",
+                        help="run nothing: regenerate results.md and every figure under --out from the records in DIR")
+    parser.add_argument("--budget", action="store_true",
+                        help="run nothing: print each experiment's runs and estimated minutes on this machine")
     args = parser.parse_args(argv)
+    if args.budget:
+        from emulator.experiments.paper.claims import budget_text
+
+        print(f"Profile {args.profile}" + (f", only {' '.join(args.only)}" if args.only else "")
+              + ": runs and minutes estimated from the run times measured here (emulator/experiments/paper/claims.py)\n")
+        print(budget_text(PROFILES[args.profile], args.only))
+        return 0
+    if args.from_records:
+        from emulator.experiments.paper.regenerate import regenerate
+
+        command = f"python -m emulator.experiments.paper --from-records {args.from_records} --out {args.out}"
+        path = regenerate(Path(args.from_records), Path(args.out), command)
+        print(f"wrote {path} from the records in {args.from_records}", file=sys.stderr)
+        return 0
     from emulator.backends import BackendUnavailable, choose
     from emulator.datasets import DatasetUnavailable
 
@@ -64,6 +85,11 @@ def main(argv=None) -> int:
                               [f"{name}: the experiment failed: {type(exc).__name__}: {cause}"])
         section.seconds = time.monotonic() - began
         sections.append(section)
+    if args.records and (out / "records").is_dir():  # the committed copy: every record this output folder holds, new or rewritten
+        import shutil
+
+        shutil.copytree(out / "records", Path(args.records), dirs_exist_ok=True)
+        say(f"records copied to {args.records}")
     meta = {"profile": args.profile, "backend": backend, "dataset": dataset, "dataset_source": source,
             "when": time.strftime("%Y-%m-%d %H:%M"), "seconds": time.monotonic() - started}
     path = write_results(out, meta, sections)

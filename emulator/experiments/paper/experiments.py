@@ -13,12 +13,20 @@ from pathlib import Path
 from analysis import figures
 from analysis.runs import load_collection, load_run
 
-from emulator.control.summary import flag
 from emulator.experiments.paper.availability import availability_experiment
 from emulator.experiments.paper.plots import ingress_figure, method_figures, sweep_figures
+from emulator.experiments.paper import steps
 from emulator.experiments.paper.profiles import LINKS, PAPER, Profile
+from emulator.experiments.paper.claims import c191_experiment, claim6_experiment, equal_step_experiment
+from emulator.experiments.paper.steps import best_alphas, with_alpha
 from emulator.experiments.paper.results import Section
-from emulator.experiments.paper.runner import comparison_failures, run_comparison, run_failure, run_sweep_into
+from emulator.experiments.paper.runner import (
+    comparison_failures,
+    run_comparison,
+    run_failure,
+    run_sweep_into,
+    write_comparison_records,
+)
 from emulator.experiments.paper.tables import (
     authors_bytes_per_update,
     fmt,
@@ -30,62 +38,28 @@ from emulator.experiments.paper.tables import (
 )
 
 
-def with_alpha(method: str, alpha: float) -> str:
-    """A method spec at step size ``alpha`` (``adacomp:c=0.01`` -> ``adacomp:c=0.01:training.learning_rate=0.02``)."""
-    return f"{method}:training.learning_rate={alpha:g}"
-
-
-def best_alphas(profile: Profile, out: Path) -> dict[str, float]:
-    """Per method of the grid, the alpha of its best final accuracy among the grid's runs that
-    neither diverged nor died (ties: the larger alpha); a method with no such run is left out."""
-    path = out / "runs" / "alphas" / "compare.json"
-    if not profile.alpha_grid or not path.exists():
-        return {}
-    return _choose_alphas(profile, {r["method"]: r for r in json.loads(path.read_text())["methods"]}, path.parent)
-
-
-def _choose_alphas(profile: Profile, rows: dict[str, dict], directory: Path) -> dict[str, float]:
-    """:func:`best_alphas` over the grid's rows (by method spec), read once by the caller."""
-    best: dict[str, float] = {}
-    for method in profile.alpha_methods:
-        scored = [(row["final_accuracy"], alpha) for alpha in profile.alpha_grid
-                  if (row := rows.get(with_alpha(method, alpha))) and row.get("final_accuracy") is not None and not flag(row)
-                  and run_failure(directory / row["run_id"]) is None]
-        if scored:
-            best[method] = max(scored)[1]
-    return best
-
-
 def alphas_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
-    """The step-size grid: each method at each alpha of the profile, one seed, short runs. The
-    methods comparison adds every method at the alpha whose run ended most accurate here."""
-    if not profile.alpha_grid:
+    """The step-size grids: each method at each step of its own grid, paired seeds, at the length of
+    the comparison it feeds. The methods comparison adds every method at the step chosen here."""
+    grids = profile.step_grids()
+    if not grids:
         return Section("Step size per method", ["Not in this profile."], [], "-")
-    specs = [with_alpha(m, a) for m in profile.alpha_methods for a in profile.alpha_grid]
-    result = run_comparison("alphas", specs, profile.overrides("alpha", dataset), 1, out, backend, say)
+    result = run_comparison("alphas", steps.grid_specs(grids), profile.overrides("alpha", dataset), profile.alpha_repeat,
+                            out, backend, say)
     directory = Path(result["directory"])
-    rows = {r["method"]: r for r in result["table"]["methods"]}
-    best = _choose_alphas(profile, rows, directory)
-    lines = ["| method | " + " | ".join(f"alpha {a:g}" for a in profile.alpha_grid) + " | chosen |",
-             "|---|" + "---:|" * len(profile.alpha_grid) + "---|"]
-    failures = []
-    for method in profile.alpha_methods:
-        cells = []
-        for alpha in profile.alpha_grid:
-            row = rows.get(with_alpha(method, alpha))
-            why = run_failure(directory / row["run_id"]) if row else "not run"
-            if why:
-                failures.append(f"alpha grid: {with_alpha(method, alpha)}: {why}")
-                cells.append(f"**FAILED**: {why}")
-                continue
-            cells.append(f"{fmt(row.get('final_accuracy'))} after {row.get('updates')}{flag(row)}")
-        chosen = f"{best[method]:g}" if method in best else "none trained: the paper's alpha only"
-        lines.append(f"| {method} | " + " | ".join(cells) + f" | {chosen} |")
-    body = ["Each method at each step size, one seed, on the devices of the methods comparison but for a short run: "
-            "final accuracy after the updates it applied (a diverged or dead run is flagged and never chosen). The "
-            "comparison below runs every method at the paper's alpha 0.1 and at the alpha chosen here. A short run "
-            "favours larger steps; the choice is the best of this grid, not a tuned optimum.", "", *lines]
-    return Section("Step size per method", body, [], result["command"], failures)
+    rows = result["table"]["methods"]
+    choices = steps.choices(profile, rows, directory)
+    failures = comparison_failures(result, "alpha grid")
+    lines = ["| method | step: final accuracy (runs that trained) | chosen |", "|---|---|---|"]
+    for method, grid in grids.items():
+        choice = choices[method]
+        cells = "; ".join(f"{alpha:g}: {steps.score_cell(choice.scores[alpha])}" for alpha in grid)
+        lines.append(f"| {method} | {cells} | {choice.verdict} |")
+    body = [f"Each method at each step of its own grid, {profile.alpha_repeat} paired seed(s), on the devices and for the "
+            "length of the methods comparison: final accuracy is the mean of each run's last evaluations, over the runs "
+            "that trained. A step is chosen only if every repetition at it trained; the best such step, ties to the "
+            "larger. A choice at either end of its grid is marked: the grid does not bracket it.", "", *lines]
+    return Section("Step size per method", body, [], result["command"], failures, runs=[result["runs"]])
 
 
 def methods_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
@@ -96,13 +70,15 @@ def methods_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
     methods = run_comparison("methods", specs, profile.overrides("methods", dataset), profile.repeat, out, backend, say)
     layout, grads = real_gradient(dataset)
     authors = authors_bytes_per_update(methods["table"]["methods"], Path(methods["directory"]), layout, grads)
+    write_comparison_records(methods, out, {label: {"authors_bytes_per_update": size} for label, size in authors.items() if size})
     if methods["repeat"] > 1:
         body, failures = repeated_methods_section(methods, authors)
     else:
         body, failures = methods_section(methods, authors)
     body += ["", "The authors' format is their released code's message, a Python 2 pickle, for one push of the same "
              "method on a real batch-10 gradient (section below); its totals count each run's applied updates at that size."]
-    return Section("Accuracy and bytes per method", body, method_figures(methods, out), methods["command"], failures)
+    return Section("Accuracy and bytes per method", body, method_figures(methods, out), methods["command"], failures,
+                   runs=[methods["runs"]])
 
 
 def staleness_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
@@ -120,7 +96,7 @@ def staleness_experiment(profile: Profile, out: Path, backend: str, dataset: str
     differences = ["", "AdaComp minus Comp-c, final accuracy, paired by seed (mean and 95 % Student-t interval):", "",
                    "| workers | difference | verdict |", "|---:|---|---|"]
     groups: dict[tuple[str, int], list] = {}
-    failures, commands = [], []
+    failures, commands, counted = [], [], []
     for workers in profile.staleness_workers:
         devices = [f"workers[0].count={workers}"]
         if profile.staleness_total_cpus:
@@ -128,6 +104,7 @@ def staleness_experiment(profile: Profile, out: Path, backend: str, dataset: str
         result = run_comparison(f"staleness-{workers}", list(profile.staleness_methods), [*base, *devices],
                                 profile.staleness_repeat, out, backend, say)
         commands.append(result["command"])
+        counted.append(result["runs"])
         directory = Path(result["directory"])
         for row in result["table"]["methods"]:
             why = run_failure(directory / row["run_id"])
@@ -157,7 +134,7 @@ def staleness_experiment(profile: Profile, out: Path, backend: str, dataset: str
     body = ["d: updates applied between a worker's pull and its push; sigma: per pushed coordinate, the updates that "
             "touched it in that window (AdaComp's divisor; recorded for AdaComp only); sigma / d near 0 means AdaComp's "
             "step is almost Comp-c's.", "", *lines, *differences]
-    return Section("Staleness against the number of workers", body, images, " ; ".join(commands), failures)
+    return Section("Staleness against the number of workers", body, images, " ; ".join(commands), failures, runs=counted)
 
 
 def two_way_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
@@ -173,13 +150,14 @@ def two_way_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
     body = ["The paper compressed the push only; after every push each worker pulled the whole model. Here the pull is "
             "dense (as the paper), a lossless delta (the coordinates changed since the worker's copy), or a delta with "
             "8-bit values and error compensation (`pull.values=q8`).", ""]
-    failures, commands, images = [], [], []
+    failures, commands, images, counted = [], [], [], []
     for link in profile.two_way_links:
         title, link_sets = LINKS[link]
         for workers in profile.two_way_workers:
             result = run_comparison(f"two-way-{link}-{workers}", list(profile.two_way_methods),
                                     [*base, *link_sets, f"workers[0].count={workers}"], profile.two_way_repeat, out, backend, say)
             commands.append(result["command"])
+            counted.append(result["runs"])
             directory = Path(result["directory"])
             body += [f"### {title}, {workers} workers", "",
                      "| method | final accuracy | time to target (s) | up B / update | down B / update | two-way B / update | "
@@ -212,7 +190,7 @@ def two_way_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
     body.append("Intervals: mean ± 95 % Student-t half-width over the paired repetitions (n); time to target over the runs that "
                 "reached it (the target is 90 % of the best method's mean final accuracy in the same comparison). Paired "
                 "differences with verdicts: each comparison's compare.md.")
-    return Section("Both directions of traffic", body, images, " ; ".join(commands), failures)
+    return Section("Both directions of traffic", body, images, " ; ".join(commands), failures, runs=counted)
 
 
 def two_way_time_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
@@ -225,11 +203,12 @@ def two_way_time_experiment(profile: Profile, out: Path, backend: str, dataset: 
         return Section("Time to target with delta pulls", ["Not in this profile."], [], "-")
     title, link_sets = LINKS["symmetric"]
     base = profile.overrides("two_way_time", dataset)
-    body, failures, commands = [], [], []
+    body, failures, commands, counted = [], [], [], []
     for workers in profile.two_way_time_workers:
         result = run_comparison(f"two-way-time-{workers}", list(profile.two_way_time_methods),
                                 [*base, *link_sets, f"workers[0].count={workers}"], profile.two_way_time_repeat, out, backend, say)
         commands.append(result["command"])
+        counted.append(result["runs"])
         table = result["table"]
         failures += comparison_failures(result, f"time to target ({workers} workers)")
         body += [f"### {title}, {workers} workers", "",
@@ -248,7 +227,7 @@ def two_way_time_experiment(profile: Profile, out: Path, backend: str, dataset: 
         body.append("")
     body.append("Time to target: the first evaluation at or above the target (evaluations every few seconds, as the "
                 "command says), so each time is an upper bound on the true one by up to one evaluation interval.")
-    return Section("Time to target with delta pulls", body, [], " ; ".join(commands), failures)
+    return Section("Time to target with delta pulls", body, [], " ; ".join(commands), failures, runs=counted)
 
 
 def bytes_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
@@ -256,11 +235,27 @@ def bytes_experiment(profile: Profile, out: Path, backend: str, dataset: str, sa
     from analysis.byte_bases import markdown, measure, real_gradient
 
     layout, grads = real_gradient(dataset)
+    rows = measure(layout, grads)
+    command = f"python -m analysis.byte_bases --dataset {dataset}"
+    write_bytes_record(out, dataset, rows, command)
     body = [f"One batch-10 gradient of the paper's CNN on {dataset} at its initial weights, pushed dense and as "
             "top-k at each c, measured on the compact wire this emulator sends (the real codec and frame) and in the "
             "authors' own format (their 5-byte frame and Python 2 cPickle protocol 2 message, rebuilt byte for "
-            "byte by analysis/byte_bases.py).", "", *markdown(measure(layout, grads))]
-    return Section("Bytes per update on both bases", body, [], f"python -m analysis.byte_bases --dataset {dataset}")
+            "byte by analysis/byte_bases.py).", "", *markdown(rows)]
+    return Section("Bytes per update on both bases", body, [], command)
+
+
+def write_bytes_record(out: Path, dataset: str, rows: list, command: str) -> Path:
+    """The bytes experiment's measurement as a record (``<out>/records/bytes/bytes.json.gz``): no run, one table."""
+    from dataclasses import asdict
+
+    from emulator.experiments.paper.runner import keep_commit, commit
+    from emulator.experiments.records import record_path, write_record
+
+    path = record_path(out / "records", "bytes", "bytes")
+    return write_record(path, {"format": 1, "kind": "bytes", "experiment": "bytes", "label": None, "repeat": 0, "run_id": "bytes",
+                               "seed": None, "dataset": dataset, "rows": [asdict(r) for r in rows], "row": {}, "summary": {},
+                               "provenance": {"command": command, "commit": keep_commit(path, commit()), "grid": {}}})
 
 
 def ingress_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
@@ -276,7 +271,8 @@ def ingress_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
         figures.save(fig, out / "ingress_vs_workers.png")
         images.append("ingress_vs_workers.png")
     body, failures = sweep_section(collection, list(collection.grid), "ingress")
-    return Section("Server ingress against the number of workers", body, images, ingress["command"], failures)
+    return Section("Server ingress against the number of workers", body, images, ingress["command"], failures,
+                   runs=[ingress["runs"]])
 
 
 def _device_sweep(name: str, title: str, scenario: str, key: str, values: str):
@@ -287,7 +283,8 @@ def _device_sweep(name: str, title: str, scenario: str, key: str, values: str):
                                 profile.overrides(name, dataset), out, backend, say, profile.sweep_repeat)
         collection = load_collection(result["directory"])
         body, failures = sweep_section(collection, list(collection.grid), name)
-        return Section(title, body, sweep_figures(name, collection, out, key), result["command"], failures)
+        return Section(title, body, sweep_figures(name, collection, out, key), result["command"], failures,
+                       runs=[result["runs"]])
 
     return experiment
 
@@ -304,4 +301,7 @@ EXPERIMENTS = {
     "two_way": two_way_experiment,
     "two_way_time": two_way_time_experiment,
     "availability": availability_experiment,
+    "claim6": claim6_experiment,
+    "c191": c191_experiment,
+    "equal_step": equal_step_experiment,
 }

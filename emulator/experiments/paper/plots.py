@@ -17,11 +17,19 @@ def method_figures(methods: dict, out: Path) -> list[str]:
     for row in methods["table"]["methods"]:
         if (directory / row["run_id"] / "summary.json").exists():
             runs.setdefault(row["method"], []).append(load_run(directory / row["run_id"]))
-    acc = {label: [run.accuracy for run in group] for label, group in runs.items()}
-    ingress = {label: [accuracy_with_ingress(run.accuracy, run.updates) for run in group] for label, group in runs.items()}
+
+    def marked(table, run):  # the figures draw a diverged or dead run apart, to its last evaluation
+        table.attrs["outcome"] = run.summary.get("outcome") or ("diverged" if run.summary.get("diverged") else None)
+        return table
+
+    acc = {label: [marked(run.accuracy.copy(), run) for run in group] for label, group in runs.items()}
+    ingress = {label: [marked(accuracy_with_ingress(run.accuracy, run.updates), run) for run in group]
+               for label, group in runs.items()}
+    styles = figures.Styles(list(runs))
     made = []
-    for name, fig in (("accuracy_vs_updates", figures.accuracy_vs_updates(acc)), ("accuracy_vs_time", figures.accuracy_vs_time(acc)),
-                      ("accuracy_vs_ingress", figures.accuracy_vs_ingress(ingress)),
+    for name, fig in (("accuracy_vs_updates", figures.accuracy_vs_updates(acc, styles)),
+                      ("accuracy_vs_time", figures.accuracy_vs_time(acc, styles)),
+                      ("accuracy_vs_ingress", figures.accuracy_vs_ingress(ingress, styles)),
                       ("staleness", figures.staleness_histogram({label: [run.updates for run in group] for label, group in runs.items()})),
                       ("bytes_per_method", bytes_figure(methods["table"]["methods"]))):
         if fig is not None:
@@ -90,6 +98,9 @@ def ingress_figure(collection):
         ax.yaxis.set_minor_formatter(NullFormatter())
     else:
         ax.set_ylim(bottom=0)
+    capacity = {((run.plan.get("server") or {}).get("link") or {}).get("downlink_bps") for run in collection.runs} - {None}
+    for bps in sorted(capacity):  # what saturates dense ASGD's ingress
+        ax.axhline(bps / 1e6, color="black", linewidth=1, linestyle="--", label=f"server link capacity ({bps / 1e6:g} Mbit/s)")
     ax.set_xlabel("workers")
     ax.set_ylabel("server ingress (Mbit/s" + (", log)" if log_y else ")"))
     ax.set_title("Ingress at the parameter server against the number of workers")
@@ -118,6 +129,9 @@ def sweep_figures(name: str, collection, out: Path, label_key: str) -> list[str]
         cpus = {w["index"]: w["cpus"] for w in last.plan.get("workers", [])}
         fig = figures.worker_share(shares, cpus=cpus)
         if fig is not None:
+            value = values.get(last.path.name, {}).get(label_key)
+            fig.axes[0].set_title(f"Share of applied updates per worker: run {last.run_id} ({label_key} = {value}, "
+                                  f"seed {last.plan.get('seed', last.summary.get('seed'))})", fontsize="small")
             figures.save(fig, out / f"{name}_worker_share.png")
             made.append(f"{name}_worker_share.png")
     return made

@@ -24,15 +24,86 @@ def _options(backend: str, overrides: list[str], repeat: int) -> list[str]:
 
 def run_comparison(name: str, methods: list[str], overrides: list[str], repeat: int, out: Path, backend: str, say) -> dict:
     """``emulate compare`` of the paper's methods scenario into ``<out>/runs/<name>``: a rerun reuses
-    every run that finished there (an interrupted `make figures` resumes)."""
+    every run that finished there (an interrupted `make figures` resumes). Each run's compact
+    record goes to ``<out>/records/<name>/`` (:func:`write_comparison_records`)."""
     from emulator.experiments.compare import compare
 
+    before = _finished(out / "runs" / name)
     directory = compare(PAPER / "methods.yaml", methods, out / "runs", backend=backend, overrides=overrides, say=say,
                         repeat=repeat, directory=out / "runs" / name)
     command = ["emulate", "compare", "scenarios/paper/methods.yaml", *sum((["-m", m] for m in methods), []),
                *_options(backend, overrides, repeat), "--dir", str(directory)]
-    return {"directory": str(directory), "command": command_line(command), "repeat": repeat,
-            "table": json.loads((directory / "compare.json").read_text())}
+    result = {"name": name, "directory": str(directory), "command": command_line(command), "repeat": repeat,
+              "table": json.loads((directory / "compare.json").read_text())}
+    result["runs"] = run_counts(directory, [row["run_id"] for row in result["table"]["methods"]], before)
+    write_comparison_records(result, out)
+    return result
+
+
+def _finished(directory: Path) -> set[str]:
+    """The runs under ``directory`` that had finished (a summary.json) before this invocation ran anything."""
+    return {p.parent.name for p in Path(directory).glob("*/summary.json")}
+
+
+def run_counts(directory: Path, run_ids: list[str], before: set[str]) -> dict:
+    """How many runs an experiment holds, how many were reused from an earlier invocation, and the
+    run time of them all (boot and training, summed from their summaries): what "wall time" of a
+    resumed invocation does not say."""
+    seconds = 0.0
+    for run_id in run_ids:
+        path = Path(directory) / run_id / "summary.json"
+        if path.exists():
+            summary = json.loads(path.read_text())
+            seconds += (summary.get("boot_s") or 0) + (summary.get("duration_s") or 0)
+    return {"runs": len(run_ids), "reused": sum(1 for r in run_ids if r in before), "run_seconds": seconds}
+
+
+def commit() -> str | None:
+    """The repository's commit (with ``-dirty`` when the work tree has changes), or None without git."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                              check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("-dirty" if dirty else "")
+
+
+def keep_commit(path: Path, fresh: str | None) -> str | None:
+    """A record's commit is the one that first wrote it: a rerun that reuses the run keeps it."""
+    from emulator.experiments.records import read_record
+
+    if path.exists():
+        try:
+            return read_record(path)["provenance"].get("commit")
+        except (OSError, ValueError, KeyError):
+            return fresh
+    return fresh
+
+
+def write_comparison_records(result: dict, out: Path, extra: dict[str, dict] | None = None) -> list[Path]:
+    """One record per run of a :func:`run_comparison` under ``<out>/records/<name>/`` (``extra``: per
+    method label, facts to add, such as the authors'-format bytes of its push). Runs without a
+    summary (never finished) get none: they are run again by the next invocation."""
+    from emulator.experiments.records import make_record, record_path, write_record
+
+    directory, fresh = Path(result["directory"]), commit()
+    labels = list(dict.fromkeys(row["method"] for row in result["table"]["methods"]))
+    written = []
+    for row in result["table"]["methods"]:
+        run_dir = directory / row["run_id"]
+        if not (run_dir / "summary.json").exists():
+            continue
+        path = record_path(out / "records", result["name"], row["run_id"])
+        record = make_record(run_dir, experiment=result["name"], label=row["method"], repeat=row.get("repeat", 0),
+                             command=result["command"], commit=keep_commit(path, fresh),
+                             extra={"order": row.get("repeat", 0) * 1000 + labels.index(row["method"]),
+                                    **((extra or {}).get(row["method"]) or {})})
+        written.append(write_record(path, record))
+    return written
 
 
 def run_sweep_into(name: str, scenario: Path, grid: list[str], overrides: list[str], out: Path, backend: str, say,
@@ -42,10 +113,36 @@ def run_sweep_into(name: str, scenario: Path, grid: list[str], overrides: list[s
 
     sweep = Sweep.from_options(scenario, grid, overrides=tuple(overrides), backend=backend, repeat=repeat)
     directory = out / "runs" / name
+    before = _finished(directory)
     run_sweep(sweep, directory, jobs=1, say=say)
     command = ["emulate", "sweep", str(scenario.relative_to(ROOT)), *sum((["--grid", g] for g in grid), []),
                *_options(backend, overrides, repeat), "--out", str(directory)]
-    return {"directory": str(directory), "command": command_line(command)}
+    result = {"name": name, "directory": str(directory), "command": command_line(command)}
+    sweep_json = json.loads((directory / "sweep.json").read_text()) if (directory / "sweep.json").exists() else {}
+    ids = [entry["run_id"] for point in sweep_json.get("points", []) for entry in point.get("runs", [])]
+    result["runs"] = run_counts(directory, ids, before)
+    write_sweep_records(result, out)
+    return result
+
+
+def write_sweep_records(result: dict, out: Path) -> list[Path]:
+    """One record per finished run of a sweep under ``<out>/records/<name>/``, with its grid values."""
+    from analysis.runs import load_collection
+    from emulator.experiments.records import make_record, record_path, write_record
+
+    collection, fresh = load_collection(result["directory"]), commit()
+    written = []
+    for run in collection.runs:
+        if not (run.path / "summary.json").exists():
+            continue
+        values = collection.values.get(run.path.name, {})
+        path = record_path(out / "records", result["name"], run.path.name)
+        record = make_record(run.path, experiment=result["name"], label=run.method, repeat=values.get("repetition", 0),
+                             kind="sweep", grid={k: values.get(k) for k in collection.grid}, command=result["command"],
+                             commit=keep_commit(path, fresh),
+                             extra={"order": values.get("point", 0) * 1000 + values.get("repetition", 0)})
+        written.append(write_record(path, record))
+    return written
 
 
 def run_failure(run_dir: Path) -> str | None:

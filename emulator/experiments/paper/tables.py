@@ -124,7 +124,7 @@ def compare_tables(directory: Path) -> list[str]:
     without its title and figure: written once, by emulate compare, and quoted here."""
     text = (Path(directory) / "compare.md").read_text().splitlines()
     start = next((i for i, line in enumerate(text) if line.startswith("Target accuracy")), 0)
-    return [line.replace("## Paired differences", "### Paired differences") for line in text[start:] if not line.startswith("![")]
+    return ["#" + line if line.startswith("##") else line for line in text[start:] if not line.startswith("![")]
 
 
 def repeated_methods_section(methods: dict, authors: dict[str, int | None]) -> tuple[list[str], list[str]]:

@@ -1,0 +1,101 @@
+"""Step-size grids: each method at each step of its own grid, paired seeds, and the step chosen.
+
+A method's best step is only known when the grid brackets it: the chosen step must lie strictly
+inside the grid (a larger and a smaller step were tried and did worse), else the section says
+"at the edge" and the grid must grow. The choice, per method (:func:`choose`):
+
+- a step qualifies when every repetition at it completed and trained (none diverged or died):
+  a step that diverges once in two seeds is not a step to recommend;
+- among those, the best mean final accuracy (the mean of each run's last evaluations,
+  :data:`analysis.outcomes.LAST_K`), ties to the larger step.
+
+Grids run at the length of the comparison they feed (the same updates, devices and evaluation
+interval), with at least two seeds: a 2,000-update grid favours steps that learn fast early.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from analysis.outcomes import trained
+from emulator.experiments.paper.runner import run_failure
+
+
+def with_alpha(method: str, alpha: float) -> str:
+    """A method spec at step size ``alpha`` (``adacomp:c=0.01`` -> ``adacomp:c=0.01:training.learning_rate=0.02``)."""
+    return f"{method}:training.learning_rate={alpha:g}"
+
+
+def grid_specs(grids: dict[str, tuple[float, ...]]) -> list[str]:
+    """Every method at every step of its grid, in grid order."""
+    return [with_alpha(method, alpha) for method, steps in grids.items() for alpha in steps]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A method's chosen step, whether the grid brackets it, and what each step scored."""
+
+    method: str
+    alpha: float | None  # None: no step trained in every repetition
+    inside: bool  # strictly inside the grid: a larger and a smaller step were tried
+    scores: dict = field(default_factory=dict)  # alpha -> {"trained": k, "runs": n, "accuracy": mean last-k or None}
+
+    @property
+    def verdict(self) -> str:
+        if self.alpha is None:
+            return "none trained in every repetition"
+        return f"{self.alpha:g}" + ("" if self.inside else " (at the edge of the grid: extend it)")
+
+
+def choose(rows: list[dict], grids: dict[str, tuple[float, ...]], failed=lambda row: False) -> dict[str, Choice]:
+    """Per method of ``grids``, its :class:`Choice` from a comparison's rows (``failed(row)``: the run
+    did not complete)."""
+    out = {}
+    for method, steps in grids.items():
+        scores, candidates = {}, []
+        for alpha in steps:
+            mine = [r for r in rows if r["method"] == with_alpha(method, alpha)]
+            done = [r for r in mine if not failed(r)]
+            good = [r for r in done if trained(r) and _accuracy(r) is not None]
+            accuracy = sum(_accuracy(r) for r in good) / len(good) if good else None
+            scores[alpha] = {"trained": len(good), "runs": len(mine), "accuracy": accuracy}
+            if mine and len(good) == len(mine):
+                candidates.append((accuracy, alpha))
+        if not candidates:
+            out[method] = Choice(method, None, False, scores)
+            continue
+        alpha = max(candidates)[1]
+        out[method] = Choice(method, alpha, min(steps) < alpha < max(steps), scores)
+    return out
+
+
+def _accuracy(row: dict) -> float | None:
+    """A run's final accuracy: the mean of its last evaluations (its last one for older rows)."""
+    value = row.get("final_accuracy_last_k")
+    return row.get("final_accuracy") if value is None else value
+
+
+def best_alphas(profile, out) -> dict[str, float]:
+    """Per method of the profile's step grids, its chosen step (:func:`choose`: every
+    repetition trained, best mean final accuracy, ties to the larger step); a method none of
+    whose steps trained in every repetition is left out."""
+    path = out / "runs" / "alphas" / "compare.json"
+    if not profile.step_grids() or not path.exists():
+        return {}
+    return {m: c.alpha for m, c in choices(profile, json.loads(path.read_text())["methods"], path.parent).items()
+            if c.alpha is not None}
+
+
+def choices(profile, rows: list[dict], directory: Path) -> dict[str, Choice]:
+    return choose(rows, profile.step_grids(), failed=lambda row: run_failure(directory / row["run_id"]) is not None)
+
+
+def score_cell(score: dict) -> str:
+    """``0.812 (2 of 2 trained)``, ``- (0 of 2 trained)``."""
+    accuracy = "-" if score["accuracy"] is None else f"{score['accuracy']:.3f}"
+    return f"{accuracy} ({score['trained']} of {score['runs']} trained)"
+
+
+__all__ = ["Choice", "best_alphas", "choices", "choose", "grid_specs", "score_cell", "with_alpha"]

@@ -1,0 +1,122 @@
+"""Run records and the reproduction regenerated from them: deterministic bytes, byte-identical
+output, links that resolve.
+
+``tests/data/records/`` holds a small set of records made from the recorded traces of
+``tests/data/traces/`` (:func:`make_fixture`; the numbers mean nothing) and what
+``python -m emulator.experiments.paper --from-records`` writes from them (``expected/``). Both
+are checked here against a fresh build, byte for byte; so are docs/reproduction's records and
+the results.md and figures regenerated from them.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from emulator.experiments.records import SUFFIX, make_record, read_record, read_records, record_bytes, record_path, write_record
+
+TRACES = ROOT / "tests" / "data" / "traces"
+FIXTURE = ROOT / "tests" / "data" / "records"
+DOCS = ROOT / "docs"
+REPRODUCTION = DOCS / "reproduction"
+COMMAND = "python -m emulator.experiments.paper --from-records records --out expected"
+# (experiment, kind, label, repetition, grid, recorded trace): a comparison of two methods over two
+# repetitions, one of whose runs diverged and one died, and a two-point sweep.
+PLAN = (
+    ("methods", "compare", "adacomp:c=0.01", 0, {}, "healthy-faults"),
+    ("methods", "compare", "comp_c:c=0.01", 0, {}, "diverged-nan"),
+    ("methods", "compare", "adacomp:c=0.01", 1, {}, "server-crash"),
+    ("methods", "compare", "comp_c:c=0.01", 1, {}, "dead-before-fix"),
+    ("crash", "sweep", "adacomp", 0, {"faults.crash.rate_per_hour": 0}, "server-crash"),
+    ("crash", "sweep", "adacomp", 0, {"faults.crash.rate_per_hour": 60}, "healthy-faults"),
+)
+
+
+def make_fixture(folder: Path) -> None:
+    """The fixture's records under ``folder`` (``python -c "from tests... import make_fixture"``)."""
+    for order, (experiment, kind, label, repeat, grid, trace) in enumerate(PLAN):
+        record = make_record(TRACES / trace, experiment=experiment, label=label, repeat=repeat, kind=kind, grid=grid,
+                             command=f"(recorded trace tests/data/traces/{trace})", commit="fixture",
+                             extra={"order": order})
+        write_record(record_path(folder, experiment, f"{order:02d}-{trace}"), record)
+
+
+def test_a_record_is_the_same_bytes_every_time():
+    first = make_record(TRACES / "healthy-faults", experiment="x", label="adacomp", commit="c")
+    again = make_record(TRACES / "healthy-faults", experiment="x", label="adacomp", commit="c")
+    assert record_bytes(first) == record_bytes(again)
+    assert record_bytes(first)[4:8] == b"\0\0\0\0"  # gzip header: no timestamp
+
+
+def test_a_record_holds_what_the_tables_need(tmp_path):
+    record = make_record(TRACES / "diverged-nan", experiment="methods", label="comp_c:c=0.01", repeat=1, commit="c")
+    assert record["row"]["outcome"] == "diverged" and record["row"]["status"] == "completed"
+    assert record["repeat"] == 1 and record["seed"] is not None
+    e = record["evaluations"]
+    assert len(e["version"]) == len(e["accuracy"]) == len(e["loss"]) == len(e["bytes"]) >= 2
+    assert sum(record["staleness"]["d_histogram"].values()) == record["staleness"]["updates"]
+    assert len(record["traffic"]["up"]) == len(record["traffic"]["second"]) > 0
+    assert sum(record["worker_updates"].values()) == record["staleness"]["updates"]
+    path = write_record(tmp_path / f"a{SUFFIX}", record)
+    assert read_record(path) == record
+
+
+def test_the_committed_fixture_is_made_from_the_recorded_traces(tmp_path):
+    make_fixture(tmp_path)
+    made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob(f"*{SUFFIX}"))
+    committed = sorted(p.relative_to(FIXTURE / "records") for p in (FIXTURE / "records").rglob(f"*{SUFFIX}"))
+    assert made == committed
+    assert all((tmp_path / p).read_bytes() == (FIXTURE / "records" / p).read_bytes() for p in made)
+
+
+def _regenerated(records: Path, out: Path, command: str) -> set[Path]:
+    from emulator.experiments.paper.regenerate import regenerate
+
+    regenerate(records, out, command)
+    return {p.relative_to(out) for p in out.rglob("*") if p.is_file()}
+
+
+def _differences(made: Path, committed: Path, files: set[Path]) -> list[str]:
+    return [str(f) for f in sorted(files) if not (committed / f).is_file() or not filecmp.cmp(made / f, committed / f, shallow=False)]
+
+
+def test_the_fixture_regenerates_byte_identical(tmp_path):
+    files = _regenerated(FIXTURE / "records", tmp_path / "out", COMMAND)
+    expected = {p.relative_to(FIXTURE / "expected") for p in (FIXTURE / "expected").rglob("*") if p.is_file()}
+    assert files == expected
+    assert _differences(tmp_path / "out", FIXTURE / "expected", files) == []
+    results = (tmp_path / "out" / "results.md").read_text()
+    assert "1 of 2 (50%; 1%-99%)" in results  # comp_c: one diverged, one dead-before-fix with no outcome recorded
+    assert "Fisher" in results and "Holm" in results
+
+
+def test_docs_reproduction_is_regenerated_from_its_records(tmp_path):
+    records = REPRODUCTION / "records"
+    assert read_records(records), "docs/reproduction/records holds no records"
+    command = "python -m emulator.experiments.paper --from-records docs/reproduction/records --out docs/reproduction"
+    files = _regenerated(records, tmp_path / "out", command)
+    assert "results.md" in {str(f) for f in files}
+    assert _differences(tmp_path / "out", REPRODUCTION, files) == []
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _documents() -> list[Path]:
+    return sorted([*DOCS.glob("*.md"), *REPRODUCTION.rglob("*.md"), ROOT / "README.md"])
+
+
+@pytest.mark.parametrize("document", _documents(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(document):
+    broken = []
+    for target in LINK.findall(document.read_text()):
+        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = (document.parent / target.split("#", 1)[0]).resolve()
+        if not path.exists():
+            broken.append(target)
+    assert broken == [], f"{document.relative_to(ROOT)} links to what does not exist: {broken}"
