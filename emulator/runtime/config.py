@@ -134,6 +134,8 @@ class ServerConfig(DeviceConfig):
     transport: LinkConfig  # the part of the link the server's own shaper realises
     checkpoint: CheckpointConfig | None  # None: no checkpoints
     initial: str | None = None  # the initial model, a .npy of float32 the controller wrote; None: the built-in initialisation from seed
+    partition: dict | None = None  # the model's split over the servers (:meth:`.partition.Partition.to_json`); None: one server holds it all
+    shard: int = 0  # which of the partition's shards this server holds
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,7 +29,7 @@ import compression
 from compression import compiled
 from compression.layout import Layout
 
-from emulator.runtime import checkpoint, downlink, probe, protocol, rules
+from emulator.runtime import checkpoint, downlink, partition, probe, protocol, rules
 from emulator.runtime.bootstrap import load_config, start
 from emulator.runtime.config import ServerConfig
 from emulator.runtime.downlink import Holding
@@ -58,6 +58,10 @@ class ParameterServer:
         self.token = bytes.fromhex(cfg.token)
         self.layout = Layout.from_json(cfg.layout)
         self.params = initial_parameters(self.layout, cfg.seed) if cfg.initial is None else load_initial(cfg.initial, self.layout)
+        self.partition = partition.from_json(cfg.partition, self.layout)
+        if self.partition.shards > 1:  # this server holds one range of the model: its pieces, their values
+            lo, hi = self.partition.range(cfg.shard)
+            self.layout, self.params = self.partition.layouts[cfg.shard], self.params[lo:hi].copy()
         self.rule = rules.build(cfg.rule, self.layout, cfg.learning_rate)
         self.max_updates = cfg.max_updates
         # The largest valid update: every coordinate as a raw32 index and an f32 value (8 B);
@@ -381,7 +385,8 @@ class ParameterServer:
         host, port = self.cfg.bind
         listener = socket.create_server((host, port), backlog=1024, reuse_port=False)
         self.tel.event("listening", host=host, port=port, parameters=int(self.layout.total), rule=self.rule.name,
-                       kernels=self.kernels)
+                       kernels=self.kernels,
+                       **({} if self.partition.shards == 1 else {"shard": self.cfg.shard, "shards": self.partition.shards}))
         threading.Thread(target=self.report_traffic, daemon=True, name="traffic").start()
         while True:
             sock, peer = listener.accept()
