@@ -56,8 +56,10 @@ from emulator.planning.traces import GroupTraces, validation_context
 from emulator.runtime import models
 from emulator.runtime.config import LINK_PROPERTIES
 from emulator.runtime.downlink import PULL_MODES
+from emulator.runtime.partition import DEFAULT_SPLIT, PARTITIONS
 
 MAX_WORKERS = 10_000
+MAX_SHARDS = 64  # server processes of one run
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 RESERVED_TARGETS = {"all": "every worker", "server": "the parameter server"}
 SERVER_ACTIONS = ("crash", "restart")
@@ -427,6 +429,10 @@ class ServerSpec(Strict):
     downlink: Rate | None = Field(None, description="server ingress cap (updates received); none = unshaped")
     delay: Duration = 0.0
     port: int = Field(7000, ge=1, le=65535)
+    shards: int = Field(1, ge=1, le=MAX_SHARDS, description=(
+        "server processes holding parts of the model, each a device with these cpus, memory and link"))
+    split: Literal[tuple(PARTITIONS)] = Field(DEFAULT_SPLIT, description=(
+        "ranges: balanced key ranges of the flat model, cut inside tensors; tensors: whole tensors per shard"))
 
 
 class EvaluatorSpec(Strict):
