@@ -149,6 +149,8 @@ class ClientConfig(DeviceConfig):
     model_args: dict = field(default_factory=dict)  # the user's function's keyword arguments
     model_output: str = "auto"  # what a user's model returns: auto | logits | probabilities
     connect_timeout_s: float = 300.0  # how long to keep trying to reach the server
+    servers: list | None = None  # with several servers: every server's [host, port] as this device sees it, in shard order; None: ``ps`` alone
+    partition: dict | None = None  # ... and the model's split over them (:meth:`.partition.Partition.to_json`)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,7 @@ Run as ``python -m emulator.runtime.paramserver`` with its :class:`~.config.Serv
 from __future__ import annotations
 
 import collections
+import os
 import socket
 import sys
 import threading
@@ -83,6 +84,7 @@ class ParameterServer:
         self.mark = None
         ckpt = cfg.checkpoint
         if ckpt is not None and ckpt.dir:
+            os.makedirs(ckpt.dir, exist_ok=True)  # with several servers, each its own folder in the checkpoint mount
             self.checkpointer = checkpoint.Checkpointer(
                 ckpt.dir, ckpt.every_updates, ckpt.every_s,
                 on_saved=lambda version, seconds: self.tel.event("checkpoint_saved", version=version, seconds=round(seconds, 4)),
