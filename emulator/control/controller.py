@@ -29,11 +29,9 @@ from emulator.control.collector import Collector
 from emulator.control.faults import Devices, FaultInjector
 from emulator.planning.methods import ResolvedMethod
 from emulator.planning.plan import DevicePlan, Plan
-from emulator.planning.problems import Problem, ScenarioError
 from emulator.control.rundir import RunDirectory, read_jsonl
 from emulator.control.runstate import LiveState, Progress
 from emulator.planning.workload import user_files
-from emulator.runtime import partition
 from emulator.runtime.config import (CheckpointConfig, DeviceConfig, EvaluatorConfig, LinkConfig, MethodConfig, PullConfig,
                                      ServerConfig, WireConfig, WorkerConfig)
 from emulator.control.summary import RunFacts, summarize
@@ -151,12 +149,6 @@ class Emulation:
                                               cache_dir=cache_dir() / "data")
         model = workload.model_of(self.plan)  # a user's was built and checked before the run (run.run_scenario)
         self.layout = model.layout(self.shards.input_shape, self.shards.classes)
-        if self.plan.partition is not None:  # the split must fit this model: exit 2, the field named
-            try:
-                partition.from_json(self.plan.partition, self.layout)
-            except partition.PartitionError as exc:
-                raise ScenarioError([Problem(f"server.{'split' if str(exc).startswith('split') else 'shards'}",
-                                             str(exc).split(': ', 1)[-1])]) from None
         # the user's files the data came from, each with its sha256 (data files are recorded, not copied)
         self.rundir.write_json("data.json", {**self.shards.to_json(), "files": datasets.provenance(self.plan.dataset)})
         self.bundle = workload.write(self.rundir.path, user_files(self.plan), model.initial_values(self.layout, self.plan.seed))

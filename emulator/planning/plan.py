@@ -18,7 +18,8 @@ import numpy as np
 
 from emulator import datasets, plugins
 from emulator.planning import methods, replay
-from emulator.planning.scenario import BOUNDS, Problem, Scenario, ScenarioError, TimedEvent, resolve_targets
+from emulator.planning.scenario import (BOUNDS, Problem, Scenario, ScenarioError, TimedEvent, is_server_target, resolve_servers,
+                                        resolve_targets, server_names)
 from emulator.runtime.config import LINK_FIELDS, LINK_PROPERTIES, LinkConfig
 
 DEFAULT_HORIZON_S = 3600.0
@@ -110,9 +111,6 @@ def worker_name(index: int) -> str:
     return f"worker-{index}"
 
 
-def server_names(shards: int) -> tuple[str, ...]:
-    """The servers' device names: ``server`` alone, or ``server-0 .. server-(N-1)``."""
-    return ("server",) if shards == 1 else tuple(f"server-{i}" for i in range(shards))
 
 
 def _stream(seed: int, *key: int) -> np.random.Generator:
@@ -192,8 +190,8 @@ def _scheduled(s: Scenario, workers: list[DevicePlan]) -> list[tuple[EventPlan, 
     out = []
     for i, event in enumerate(s.faults.at):
         path = f"faults.at[{i}]"
-        if event.targets == "server":  # every server process
-            for name in server_names(s.server.shards):
+        if is_server_target(event.targets):  # every server process, or one
+            for name in resolve_servers(event.targets, s):
                 out.extend((e, path) for e in _expand(event, name, {}))
             continue
         for index in resolve_targets(event.targets, s):

@@ -49,3 +49,23 @@ def test_a_crash_of_the_server_crashes_every_shard():
 def test_bad_shards_are_refused_naming_the_field(server, field):
     with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
         plan(**server)
+
+
+def test_the_split_must_fit_the_model_before_any_run_starts():
+    from emulator.control import workload
+
+    too_many = make_plan(validate({**BASE, "model": "mlp", "server": {"shards": 5, "split": "tensors"}}))
+    with pytest.raises(ScenarioError, match=r"server\.shards: 5 is more than the model's 4 tensors"):
+        workload.check(too_many, [], (8, 8, 1), 10)
+    for method in ("asgd", "staleness_asgd", "adacomp"):  # the built-in rules act per coordinate
+        fits = make_plan(validate({**BASE, "model": "mlp", "method": {"name": method}, "server": {"shards": 4}}))
+        assert workload.check(fits, [], (8, 8, 1), 10).total == 4810
+
+
+def test_a_fault_can_target_one_shard_and_only_one_that_exists():
+    s = validate({**BASE, "server": {"shards": 2}, "faults": {"at": [{"time": "5s", "crash": "server-1", "restart_after": "2s"}]}})
+    assert [(e.action, e.target) for e in make_plan(s).events] == [("crash", "server-1"), ("restart", "server-1")]
+    with pytest.raises(ScenarioError, match=r"faults\.at\[0\]\.crash: no server named 'server-2'"):
+        make_plan(validate({**BASE, "server": {"shards": 2}, "faults": {"at": [{"time": "5s", "crash": "server-2"}]}}))
+    with pytest.raises(ScenarioError, match="no server named 'server-0'"):  # one server is 'server'
+        make_plan(validate({**BASE, "faults": {"at": [{"time": "5s", "crash": "server-0"}]}}))
