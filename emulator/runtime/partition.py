@@ -38,7 +38,7 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 
 from compression.layout import Layout, TensorSpec
-from compression.parts import DensePart, Part, SparsePart
+from compression.parts import FLAG_F16_VALUES, DensePart, Part, SparsePart
 
 
 class PartitionError(ValueError):
@@ -126,6 +126,14 @@ class Partition(ABC):
                     mine.append(SparsePart((indices[keep] - p.start).astype(np.int64), values[keep].astype(np.float32)))
             out.append(mine)
         return out
+
+    def flags(self, parts: list[Part], flags: int) -> list[list[int]]:
+        """Each shard's parts' wire flags for :meth:`split`'s parts: the update's own, but float32
+        values for a cut of a part whose values are derived (quantised, sign, low-rank parts: the
+        numbers they decode to would not survive f16), so that the cut is exact."""
+        exact = flags & ~FLAG_F16_VALUES
+        return [[flags if p.whole or isinstance(parts[p.tensor], (DensePart, SparsePart)) else exact for p in pieces]
+                for pieces in self.pieces]
 
     def split_model(self, params: np.ndarray) -> list[np.ndarray]:
         """The flat model as each shard's flat vector (views)."""

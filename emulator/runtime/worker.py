@@ -51,9 +51,11 @@ def push_bodies(compressor, grads: list[np.ndarray], split: partition.Partition,
         parts = compressor.compress(grads)
     except compression.NonFiniteGradient as exc:
         return [str(exc).encode()[:REPORT_BYTES]] * split.shards, Flag.NON_FINITE
-    if split.shards > 1:  # the values as the servers will decode them, then cut at the bounds
-        parts = codec.round_trip(parts, wire)
-    return [compression.encode(mine, layout, wire) for mine, layout in zip(split.split(parts), split.layouts)], Flag.NONE
+    if split.shards == 1:
+        return [compression.encode(parts, split.layout, wire)], Flag.NONE
+    parts = codec.round_trip(parts, wire)  # the values as the servers will decode them, then cut at the bounds
+    return [codec.encode(mine, piece, wire, flags) for mine, piece, flags in
+            zip(split.split(parts), split.layouts, split.flags(parts, wire.flags))], Flag.NONE
 
 
 def build_compressor(method: MethodConfig, layout: Layout, seed: int):

@@ -194,3 +194,31 @@ def test_one_shard_is_the_server_of_old():
     new = ParameterServer(server_config(layout=BIG.to_json(), seed=5, partition=partition.build(BIG, 1).to_json()),
                           RecordingTelemetry())
     assert old.layout == new.layout and old.params.tobytes() == new.params.tobytes()
+
+
+# -- what a worker sends: every compressor's update, cut for the servers --------------------------------
+
+
+@pytest.mark.parametrize("values", ["f32", "f16"])
+@pytest.mark.parametrize("name", sorted(compression.COMPRESSORS))
+def test_every_compressor_s_push_cut_for_4_servers_is_the_update_one_server_applies(name, values):
+    """The worker's messages for 4 servers (balanced ranges, cut inside tensors) decode, put side by
+    side, to exactly the coordinates and values one server decodes from the whole message."""
+    from compression.parts import WireFormat
+    from emulator.runtime.worker import push_bodies
+
+    rng = np.random.default_rng(7)
+    wire = WireFormat(values=values)
+    grads = [rng.normal(size=n).astype(np.float32) for n in BIG.sizes]
+    one, four = partition.build(BIG, 1), partition.build(BIG, 4)
+    whole, _ = push_bodies(compression.build(name, {}, BIG, 3), grads, one, wire)
+    cut, _ = push_bodies(compression.build(name, {}, BIG, 3), grads, four, wire)
+    assert len(cut) == 4
+
+    def dense(messages, split):
+        out = []
+        for body, layout in zip(messages, split.layouts):
+            out += [part.dense(n) for part, n in zip(compression.decode(body, layout), layout.sizes)]
+        return np.concatenate(out)
+
+    assert dense(cut, four).tobytes() == dense(whole, one).tobytes()

@@ -88,7 +88,9 @@ PROFILES = {
         staleness_workers=(2, 4), staleness_overrides=("training.max_updates=150", "training.eval_every=50 updates"),
         two_way_methods=("adacomp:c=0.01", "adacomp:c=0.01:pull=delta"), two_way_links=("symmetric",), two_way_workers=(8,),
         two_way_overrides=("training.max_updates=300", "training.eval_every=100 updates", "workers[0].cpus=0.1"), two_way_repeat=2,
-        servers_methods=("asgd", "asgd:server.shards=2", "asgd:server.shards=4", "adacomp:c=0.01"),
+        # ASGD at 0.005: alpha 0.1 diverged at 8 devices (as in the two-way experiment's note above).
+        servers_methods=("asgd:training.learning_rate=0.005", "asgd:training.learning_rate=0.005:server.shards=2",
+                         "asgd:training.learning_rate=0.005:server.shards=4", "adacomp:c=0.01:training.learning_rate=0.02"),
         servers_overrides=("workers[0].count=8", "workers[0].cpus=0.1", "training.duration=30s", "training.max_updates=null",
                            "training.eval_every=10s"), servers_repeat=1,
     ),
