@@ -27,13 +27,15 @@ class ServerProcess:
     """``with ServerProcess(layout, rule) as ps:`` a parameter server listening on ``ps.address``."""
 
     def __init__(self, layout, rule: str, *, learning_rate: float = 0.01, max_updates: int | None = None,
-                 compiled: bool = True):
+                 compiled: bool = True, partition: dict | None = None, shard: int = 0, token: bytes | None = None):
         self.layout = layout
+        self.partition, self.shard = partition, shard  # one shard of a model split over several servers
+        self.name = "server" if partition is None else f"server-{shard}"
         self.rule = rule
         self.learning_rate = learning_rate
         self.max_updates = max_updates
         self.compiled = compiled  # False: the server's hot path runs numpy (EMULATE_COMPILED=0)
-        self.token = secrets.token_bytes(16)
+        self.token = token or secrets.token_bytes(16)
         self.observers = []
 
     def __enter__(self) -> "ServerProcess":
@@ -46,10 +48,10 @@ class ServerProcess:
         self.rundir = RunDirectory(Path(self._tmp.name) / "run")
         self.collector = Collector(self.rundir, self.token).start()
         self.address = ("127.0.0.1", free_port())
-        cfg = ServerConfig(name="server", token=self.token.hex(), start_time=time.time(), seed=0,
+        cfg = ServerConfig(name=self.name, token=self.token.hex(), start_time=time.time(), seed=0,
                            collector=tuple(self.collector.address), bind=self.address, layout=self.layout.to_json(),
                            rule=self.rule, learning_rate=self.learning_rate, max_updates=self.max_updates,
-                           transport=LinkConfig(), checkpoint=None)
+                           transport=LinkConfig(), checkpoint=None, partition=self.partition, shard=self.shard)
         env = dict(os.environ, EMU_CONFIG=json.dumps(cfg.to_json()), PYTHONPATH=str(ROOT),
                    EMULATE_COMPILED="1" if self.compiled else "0")
         self.process = subprocess.Popen([sys.executable, "-m", "emulator.runtime.paramserver"], env=env, stderr=subprocess.DEVNULL)
@@ -63,15 +65,15 @@ class ServerProcess:
     def start_training(self, timeout_s: float = 60.0) -> None:
         """Wait for the server's telemetry to connect, then send ``start`` (pulls wait for it)."""
         deadline = time.monotonic() + timeout_s
-        while "server" not in self.collector.connected():
+        while self.name not in self.collector.connected():
             if time.monotonic() > deadline or self.process.poll() is not None:
                 raise RuntimeError("the parameter server did not come up")
             time.sleep(0.05)
         time.sleep(0.5)
-        self.collector.send("server", {"cmd": "start"})
+        self.collector.send(self.name, {"cmd": "start"})
 
     def stop_training(self) -> None:
-        self.collector.send("server", {"cmd": "stop"})
+        self.collector.send(self.name, {"cmd": "stop"})
 
     def __exit__(self, *exc) -> None:
         try:

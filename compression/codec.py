@@ -33,12 +33,12 @@ class CodecError(ValueError):
         self.reason = reason
 
 
-def encode(parts: list[Part], layout: Layout, wire: WireFormat = WireFormat()) -> bytes:
+def encode(parts: list[Part], layout: Layout, wire: WireFormat = WireFormat(), part_flags: list[int] | None = None) -> bytes:
+    """The message; ``part_flags``: each part's own flags where they differ (default ``wire``'s for all)."""
     if len(parts) != len(layout):
         raise ValueError(f"{len(parts)} parts for a layout of {len(layout)} tensors")
-    flags = wire.flags
     chunks = [_HEAD.pack(FORMAT_VERSION, len(parts))]
-    for part, size in zip(parts, layout.sizes):
+    for part, size, flags in zip(parts, layout.sizes, part_flags or [wire.flags] * len(parts)):
         body = part.write(size, flags)
         chunks.append(_PART_HEAD.pack(part.kind, flags, len(body)))
         chunks.append(body)

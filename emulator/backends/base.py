@@ -9,7 +9,7 @@ and what nothing realises is recorded as ``none``, never silently ignored.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, ClassVar
 
 from emulator.runtime.config import LINK_FIELDS, DeviceConfig
@@ -30,6 +30,15 @@ class Endpoints:
     data_dir: str  # the shard directory as devices see it
     checkpoint_dir: str  # where the parameter server keeps its checkpoint, as it sees it
     workload_dir: str  # the run's workload/ folder (the user's files, the initial model) as devices see it
+    servers: dict = field(default_factory=dict)  # with several servers: name -> (bind, address); empty: server_bind/server_address
+
+    def bind_of(self, server: str) -> tuple[str, int]:
+        """Where the server called ``server`` listens, inside its device."""
+        return tuple(self.servers[server][0]) if self.servers else tuple(self.server_bind)
+
+    def address_of(self, server: str) -> tuple[str, int]:
+        """How devices reach the server called ``server``."""
+        return tuple(self.servers[server][1]) if self.servers else tuple(self.server_address)
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ class DockerBackend(Backend):
         self.instance = secrets.token_hex(3)  # one backend object is one run: its names and labels carry this
         self.owner = Owner.current()
         self.network = None
-        self.server_ip = ""
+        self.server_ips: dict[str, str] = {}  # every server's fixed address, by name
         self.containers: dict[str, object] = {}
         self.features = links.detect()
         self._host_index: dict[str, int] = {}
@@ -187,7 +187,9 @@ class DockerBackend(Backend):
 
         self.network, subnet = create_network(self.docker, len(devices), make)
         gateway = str(subnet.network_address + 1)
-        self.server_ip = server_ip = str(subnet.network_address + 2)
+        servers = [d.name for d in devices if d.role == "server"]
+        self.server_ips = {name: str(subnet.network_address + 2 + i) for i, name in enumerate(servers)}
+        server_ip = self.server_ips[servers[0]]
         (Path(ctx.run_dir) / "devices").mkdir(exist_ok=True)
         checkpoints = Path(ctx.run_dir) / "checkpoint"
         checkpoints.mkdir(exist_ok=True)
@@ -195,8 +197,10 @@ class DockerBackend(Backend):
         os.chmod(checkpoints, 0o700)
         if self.boot == "zygote":
             self._start_zygote()
+        shards = {} if len(servers) == 1 else {
+            name: (("0.0.0.0", SERVER_PORT), (ip, SERVER_PORT)) for name, ip in self.server_ips.items()}
         return Endpoints(gateway, gateway, ("0.0.0.0", SERVER_PORT), (server_ip, SERVER_PORT), DATA_MOUNT, CHECKPOINT_MOUNT,
-                         WORKLOAD_MOUNT)
+                         WORKLOAD_MOUNT, shards)
 
     def labels(self, device: str | None = None) -> dict[str, str]:
         """What every object of this run carries: the run, its instance, its directory, its owner."""
@@ -256,7 +260,7 @@ class DockerBackend(Backend):
     def _create(self, device: DevicePlan):
         networking = self.docker.api.create_networking_config({
             self.network.name: self.docker.api.create_endpoint_config(
-                ipv4_address=self.server_ip if device.role == "server" else None, aliases=[device.name]),
+                ipv4_address=self.server_ips.get(device.name) if device.role == "server" else None, aliases=[device.name]),
         })
         host_config = self.docker.api.create_host_config(
             cpu_period=CPU_PERIOD_US, cpu_quota=-1,

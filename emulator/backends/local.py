@@ -104,7 +104,9 @@ class LocalBackend(Backend):
     def prepare(self, ctx, devices):
         self.ctx = ctx
         self.owner = Owner.current()  # names the run's cgroups, so that clean tells a killed run's from a live one's
-        port = free_port()
+        servers = [d.name for d in devices if d.role == "server"]
+        ports = {name: free_port() for name in servers}
+        port = ports[servers[0]]
         checkpoints = Path(ctx.run_dir) / "checkpoint"
         checkpoints.mkdir(exist_ok=True)
         if self.use_zygote:
@@ -115,8 +117,9 @@ class LocalBackend(Backend):
             self.zygote = ZygoteClient(address, str(Path(ctx.run_dir) / "logs" / "zygote.log"), self._env(), ctx.run_dir,
                                        user_files=[f"{ctx.workload_dir}/{name}" for name in ctx.preload])
             self.say(f"local: TensorFlow loaded once in a zygote ({time.monotonic() - started:.1f}s); devices are forked from it")
+        shards = {} if len(servers) == 1 else {name: (("127.0.0.1", p), ("127.0.0.1", p)) for name, p in ports.items()}
         return Endpoints("127.0.0.1", "127.0.0.1", ("127.0.0.1", port), ("127.0.0.1", port), ctx.data_dir, str(checkpoints),
-                         ctx.workload_dir)
+                         ctx.workload_dir, shards)
 
     def _env(self) -> dict:
         env = dict(os.environ)

@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -63,7 +64,7 @@ class Emulation:
         self.strict = strict
         self.fidelity = check_fidelity
         self.tolerance = tolerance
-        self.state = LiveState()
+        self.state = LiveState(counting=plan.servers[0].name, servers={s.name: Counter() for s in plan.servers} if len(plan.servers) > 1 else {})
         self.token = secrets.token_bytes(16)
         self.devices = Devices.of(plan)  # links, CPU shares, incarnations and who is down, as faults change them
         self.faults = FaultInjector(plan, backend, self.devices, config=self._config, send=self._send, record=self.event)
@@ -106,15 +107,20 @@ class Emulation:
         common = {"name": device.name, "token": self.token.hex(), "start_time": self.start_time,
                   "collector": (ep.collector_host, self.collector.address[1])}
         transport = LinkConfig(**self.backend.transport_link(device, self.devices.links[device.name]))
+        sharded = len(plan.servers) > 1
         if device.role == "server":
             ckpt = plan.checkpoint
-            checkpoint = CheckpointConfig(dir=ep.checkpoint_dir, every_updates=ckpt.get("every_updates"),
+            checkpoint = CheckpointConfig(dir=ep.checkpoint_dir + (f"/{device.name}" if sharded else ""),
+                                          every_updates=ckpt.get("every_updates"),
                                           every_s=ckpt.get("every")) if ckpt.get("enabled") else None
-            return ServerConfig(**common, seed=plan.seed, bind=tuple(ep.server_bind), layout=self.layout.to_json(),
+            shard = {"partition": plan.partition, "shard": device.index} if sharded else {}
+            return ServerConfig(**common, seed=plan.seed, bind=ep.bind_of(device.name), layout=self.layout.to_json(),
                                 rule=self.bundle.device_reference(plan.method.rule, ep.workload_dir),
                                 learning_rate=plan.training["learning_rate"], max_updates=plan.training["max_updates"],
-                                transport=transport, checkpoint=checkpoint, initial=f"{ep.workload_dir}/{workload.INITIAL}")
-        client = {**common, "ps": tuple(ep.server_address), "cpus": self.devices.cpus[device.name],
+                                transport=transport, checkpoint=checkpoint, initial=f"{ep.workload_dir}/{workload.INITIAL}",
+                                **shard)
+        servers = {"servers": [list(ep.address_of(s.name)) for s in plan.servers], "partition": plan.partition} if sharded else {}
+        client = {**common, **servers, "ps": ep.address_of(plan.servers[0].name), "cpus": self.devices.cpus[device.name],
                   "model": self.bundle.device_reference(plan.model["name"], ep.workload_dir),
                   "model_args": dict(plan.model["args"]), "model_output": plan.model["output"], "classes": self.shards.classes}
         if device.role == "worker":
@@ -127,6 +133,10 @@ class Emulation:
         every = plan.training["eval_every"]
         return EvaluatorConfig(**client, test_set=f"{ep.data_dir}/{Path(self.shards.test_set).name}",
                                eval_every_s=every.get("seconds"), eval_every_updates=every.get("updates"))
+
+    def _to_servers(self, command: dict) -> None:
+        for server in self.plan.servers:
+            self.collector.send(server.name, command)
 
     def _send(self, device: str, command: dict) -> None:
         self.collector.send(device, command)  # through a method: the collector starts with the run
@@ -159,7 +169,7 @@ class Emulation:
 
     def _start_devices(self) -> None:
         started = time.monotonic()
-        self.backend.start_many([(d, self._config(d)) for d in (self.plan.server, self.plan.evaluator) + self.plan.workers])
+        self.backend.start_many([(d, self._config(d)) for d in self.plan.devices])
         for device in self.plan.devices:
             self.backend.set_link(device, device.link)
         self.event("devices_started", count=len(self.plan.devices), start_s=round(time.monotonic() - started, 3))
@@ -179,7 +189,7 @@ class Emulation:
             if device.name not in self.devices.down:
                 self.backend.set_cpus(device, self.devices.cpus[device.name])
                 if device.role == "server" and self.training_start is not None:
-                    self.collector.send("server", {"cmd": "start"})  # a restarted server resumes
+                    self.collector.send(device.name, {"cmd": "start"})  # a restarted server resumes
 
     def _probe(self, batches: list[list[DevicePlan]], command, key: str, timeout_s: float) -> None:
         """Send probe commands batch by batch; wait for each batch's ``key`` measurement."""
@@ -286,7 +296,7 @@ class Emulation:
             self._check_fidelity(probed)
         self._sample()
         self.net_marks["start"] = dict(self.net_last)
-        self.collector.send("server", {"cmd": "start"})
+        self._to_servers({"cmd": "start"})
         if not self.state.training_started.wait(30):
             raise RuntimeError("the parameter server did not acknowledge the start")
         # The server's own reading of the start, not when we heard of it (telemetry is batched).
@@ -310,7 +320,7 @@ class Emulation:
         progress = Progress(self.plan.training["max_updates"], duration, len(self.plan.workers))
         next_progress = next_sample = 0.0
         stop_sent = False
-        server = self.plan.server
+        servers = {s.name for s in self.plan.servers}
         down = self.devices.down
         while True:
             self._throttle_ready()
@@ -320,19 +330,22 @@ class Emulation:
                 self._sample()
                 next_sample = now + 1.0
             if self.progress_every_s and now >= next_progress:
-                self.say(progress.line(now, self.state, len(self.plan.workers) - len(down - {"server"})))
+                self.say(progress.line(now, self.state, len(self.plan.workers) - len(down - servers)))
                 next_progress = now + self.progress_every_s
             if self.state.done.is_set():
                 return self.state.done_reason or "done"
             if duration and now >= duration and not stop_sent:
-                self.collector.send("server", {"cmd": "stop"})
+                self._to_servers({"cmd": "stop"})
                 stop_sent = True
-            if server.name not in down and not self.backend.alive(server):
-                raise RuntimeError(f"the parameter server exited unexpectedly{self._last_error('server')}; see logs/server.log")
+            for server in self.plan.servers:
+                if server.name not in down and not self.backend.alive(server):
+                    which = "" if len(servers) == 1 else f" {server.name}"
+                    raise RuntimeError(f"the parameter server{which} exited unexpectedly{self._last_error(server.name)}; "
+                                       f"see logs/{server.name}.log")
             if not self.backend.alive(self.plan.evaluator) and self.state.final_accuracy is None:
                 raise RuntimeError(f"the evaluator exited unexpectedly{self._last_error('evaluator')}; see logs/evaluator.log")
-            if len(down - {server.name}) == len(self.plan.workers) and not self.faults.restart_ahead:
-                self.collector.send("server", {"cmd": "stop"})
+            if len(down - servers) == len(self.plan.workers) and not self.faults.restart_ahead:
+                self._to_servers({"cmd": "stop"})
                 stop_sent = True
             time.sleep(TICK_S)
 

@@ -11,6 +11,7 @@ ready, when training started and ended, and what to put in ``summary.json``
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 
 from emulator.runtime.protocol import NO_WORKER
@@ -44,6 +45,9 @@ class LiveState:
     lost_to_server: int = 0  # updates applied after the last checkpoint of a server that crashed
     server_started_ts: float | None = None  # the server's own clock reading when training started
     server_done_flushed: threading.Event = field(default_factory=threading.Event)
+    counting: str = "server"  # the server whose update rows count each worker's pushes (every push reaches every server)
+    servers: dict = field(default_factory=dict)  # server name -> its bytes in and out and updates (several servers only)
+    flushed: set = field(default_factory=set)  # the servers that flushed their traffic at the end of training
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def pushes_of(self, worker: str) -> int:
@@ -59,9 +63,17 @@ class LiveState:
                     self.updates = max(self.updates, int(r.get("t", 0)))
                     self.max_version = max(self.max_version, self.updates)
                     self.applied_bytes += int(r.get("bytes", 0))
-                    name = f"worker-{r.get('worker')}"
-                    self.pushes[name] = self.pushes.get(name, 0) + 1
+                    if r.get("source", self.counting) == self.counting:
+                        name = f"worker-{r.get('worker')}"
+                        self.pushes[name] = self.pushes.get(name, 0) + 1
+                    if self.servers:
+                        self.servers.setdefault(r.get("source"), Counter())["updates"] += 1
             elif stream == "traffic":
+                if self.servers:
+                    for r in records:
+                        own = self.servers.setdefault(r.get("source"), Counter())
+                        own["ingress_payload_bytes"] += int(r.get("ingress_bytes", 0))
+                        own["egress_payload_bytes"] += int(r.get("egress_bytes", 0))
                 self.ingress_bytes += sum(int(r.get("ingress_bytes", 0)) for r in records)
                 self.egress_bytes += sum(int(r.get("egress_bytes", 0)) for r in records)
                 self.downlink_bytes += sum(int(r.get("egress_bytes", 0)) for r in records if r.get("worker") != NO_WORKER)
@@ -71,8 +83,9 @@ class LiveState:
                     if r.get("final"):
                         self.final_accuracy = r
             elif stream == "server":
-                if any(r.get("done") for r in records):
-                    self.server_done_flushed.set()  # its traffic records up to the end are in
+                self.flushed.update(r.get("source") for r in records if r.get("done"))
+                if self.flushed and (not self.servers or self.flushed >= set(self.servers)):
+                    self.server_done_flushed.set()  # every server's traffic records up to the end are in
             elif stream == "fidelity":
                 for r in records:
                     self.probes.setdefault(r.get("source"), {}).update(r)

@@ -106,6 +106,7 @@ def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[d
     non_finite = sum(1 for r in rejections if r.get("reason") in NON_FINITE_REASONS)
     outcome, detail = judge(final, facts.classes, non_finite, s.done_reason)
     duration = facts.duration_s
+    servers = getattr(s, "servers", None) or {}  # several servers: name -> their own counts
     ingress = s.ingress_bytes if facts.payload_at_end is None else facts.payload_at_end
     egress, downlink = (s.egress_bytes, s.downlink_bytes) if facts.egress_at_end is None else facts.egress_at_end
     return {
@@ -131,8 +132,18 @@ def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[d
         "diverged": outcome == "diverged",
         "parameters": facts.parameters, "dataset": facts.dataset, "plan_digest": facts.plan_digest,
         "server_kernels": kernels,
-        **wire_bytes(facts.net_marks, facts.payload_at_end),
+        **wire_bytes(facts.net_marks, facts.payload_at_end, list(servers) or ["server"]),
+        **({"servers": [per_server(name, counts, facts.net_marks) for name, counts in servers.items()]} if servers else {}),
     }
+
+
+def per_server(name: str, counts: dict, marks: dict) -> dict:
+    """One server's share with several servers: its updates, and its bytes both ways as payload and on its interface."""
+    return {"name": name, "updates": int(counts.get("updates", 0)),
+            "ingress_payload_bytes": int(counts.get("ingress_payload_bytes", 0)),
+            "egress_payload_bytes": int(counts.get("egress_payload_bytes", 0)),
+            "ingress_wire_bytes": _counter_delta(marks, name, "rx_bytes"),
+            "egress_wire_bytes": _counter_delta(marks, name, "tx_bytes")}
 
 
 def per_update(up: int, down: int, updates: int) -> dict:
@@ -164,13 +175,17 @@ def judge(final: dict, classes: int | None, non_finite: int, done_reason: str) -
     return "ok", ""
 
 
-def wire_bytes(marks: dict, payload_at_end: int | None) -> dict:
-    """Bytes on the server's interface during training (all of it: headers, ACKs, retransmissions)."""
-    ingress = _counter_delta(marks, "server", "rx_bytes")
-    out = {"ingress_wire_bytes": ingress, "egress_wire_bytes": _counter_delta(marks, "server", "tx_bytes")}
+def wire_bytes(marks: dict, payload_at_end: int | None, servers: list[str] = ("server",)) -> dict:
+    """Bytes on the servers' interfaces during training (all of it: headers, ACKs, retransmissions), summed."""
+    ingress, egress = (_sum([_counter_delta(marks, name, key) for name in servers]) for key in ("rx_bytes", "tx_bytes"))
+    out = {"ingress_wire_bytes": ingress, "egress_wire_bytes": egress}
     if ingress and payload_at_end:
         out["wire_overhead_ratio"] = round(ingress / payload_at_end, 4)
     return out
+
+
+def _sum(values: list[int | None]) -> int | None:
+    return None if any(v is None for v in values) else sum(values)
 
 
 def _counter_delta(marks: dict, device: str, key: str) -> int | None:

@@ -34,7 +34,7 @@ from emulator.planning.plan import Plan, check_dataset
 from emulator.planning.scenario import Scenario
 from emulator.planning.problems import Problem, ScenarioError, problems_from
 from emulator.planning.workload import UserFile, user_files
-from emulator.runtime import contract, models, rules
+from emulator.runtime import contract, models, partition, rules
 from emulator.runtime.models import save_initial
 
 FOLDER = "workload"  # in the run directory; devices see it read-only
@@ -69,9 +69,30 @@ def check(plan: Plan, files: list[UserFile], input_shape: tuple[int, ...], class
             problems += _check_compressor(file, plan, layout)
         elif file.role == "rule":
             problems += _check_rule(file, plan, layout)
+    problems += _check_servers(plan, layout)
     if problems:
         raise ScenarioError(problems)
     return layout
+
+
+def _check_servers(plan: Plan, layout: Layout) -> list[Problem]:
+    """With several servers: the split must fit the model, and the rule must act per coordinate (a
+    coordinate's update may depend only on that coordinate's state), or it cannot be split exactly."""
+    if plan.partition is None:
+        return []
+    problems = []
+    try:
+        partition.from_json(plan.partition, layout)
+    except partition.PartitionError as error:
+        problems.append(Problem("server.shards", str(error).split(": ", 1)[-1]))
+    try:
+        rule = rules.lookup(plan.method.rule)
+    except plugins.PluginError:
+        return problems  # reported as the rule's own problem
+    if not getattr(rule, "per_coordinate", False):
+        problems.append(Problem("server.shards", f"{plan.partition['shards']} servers, but the update rule {plan.method.rule} "
+                                "does not declare per_coordinate = True: it cannot be split over servers exactly"))
+    return problems
 
 
 def _check_compressor(file: UserFile, plan: Plan, layout: Layout) -> list[Problem]:

@@ -18,7 +18,8 @@ import numpy as np
 
 from emulator import datasets, plugins
 from emulator.planning import methods, replay
-from emulator.planning.scenario import BOUNDS, Problem, Scenario, ScenarioError, TimedEvent, resolve_targets
+from emulator.planning.scenario import (BOUNDS, Problem, Scenario, ScenarioError, TimedEvent, is_server_target, resolve_servers,
+                                        resolve_targets, server_names)
 from emulator.runtime.config import LINK_FIELDS, LINK_PROPERTIES, LinkConfig
 
 DEFAULT_HORIZON_S = 3600.0
@@ -32,7 +33,7 @@ LinkPlan = LinkConfig  # a device's planned link is the link its program is conf
 class DevicePlan:
     name: str
     role: str  # "server" | "evaluator" | "worker"
-    index: int  # worker index; -1 for the server and the evaluator
+    index: int  # worker index; a server's shard where there are several; -1 for a lone server and the evaluator
     group: str
     cpus: float
     memory_bytes: int
@@ -65,10 +66,20 @@ class Plan:
     horizon_s: float
     backend: str
     checkpoint: dict = field(default_factory=dict)
+    servers: tuple[DevicePlan, ...] = ()  # every server process, in shard order; () : the one ``server``
+    partition: dict | None = None  # the model's split over ``servers`` (:mod:`emulator.runtime.partition`); None: one server
+
+    def __post_init__(self):
+        if not self.servers:
+            object.__setattr__(self, "servers", (self.server,))
 
     @property
     def devices(self) -> tuple[DevicePlan, ...]:
-        return (self.server, self.evaluator) + self.workers
+        return self.servers + (self.evaluator,) + self.workers
+
+    def is_server(self, name: str) -> bool:
+        """Whether ``name`` is one of the servers."""
+        return any(s.name == name for s in self.servers)
 
     def device(self, name: str) -> DevicePlan:
         for device in self.devices:
@@ -85,6 +96,7 @@ class Plan:
             "workers": [asdict(w) for w in self.workers],
             "events": [asdict(e) for e in self.events],
             "triggers": list(self.triggers),
+            **({} if len(self.servers) == 1 else {"servers": [asdict(s) for s in self.servers], "partition": self.partition}),
         }
 
     def dumps(self) -> str:
@@ -97,6 +109,8 @@ class Plan:
 
 def worker_name(index: int) -> str:
     return f"worker-{index}"
+
+
 
 
 def _stream(seed: int, *key: int) -> np.random.Generator:
@@ -176,8 +190,9 @@ def _scheduled(s: Scenario, workers: list[DevicePlan]) -> list[tuple[EventPlan, 
     out = []
     for i, event in enumerate(s.faults.at):
         path = f"faults.at[{i}]"
-        if event.targets == "server":
-            out.extend((e, path) for e in _expand(event, "server", {}))
+        if is_server_target(event.targets):  # every server process, or one
+            for name in resolve_servers(event.targets, s):
+                out.extend((e, path) for e in _expand(event, name, {}))
             continue
         for index in resolve_targets(event.targets, s):
             name = worker_name(index)
@@ -302,11 +317,12 @@ def make_plan(s: Scenario) -> Plan:
     events = _check_and_merge(scheduled, _random_crashes(s, horizon, problems), problems)
     if problems:
         raise ScenarioError(list(dict.fromkeys(problems)))  # one line for an event on many workers
-    server = DevicePlan(
-        name="server", role="server", index=-1, group="server", cpus=s.server.cpus, memory_bytes=s.server.memory,
+    servers = tuple(DevicePlan(
+        name=name, role="server", index=-1 if s.server.shards == 1 else i, group="server", cpus=s.server.cpus,
+        memory_bytes=s.server.memory,
         link=LinkPlan(uplink_bps=s.server.uplink, downlink_bps=s.server.downlink, delay_s=s.server.delay),
-        seed=_device_seed(s.seed, 0, 0),
-    )
+        seed=_device_seed(s.seed, 0, i),
+    ) for i, name in enumerate(server_names(s.server.shards)))
     evaluator = DevicePlan(name="evaluator", role="evaluator", index=-1, group="evaluator", cpus=s.evaluator.cpus,
                            memory_bytes=s.evaluator.memory, link=LinkPlan(), seed=_device_seed(s.seed, 1, 0))
     triggers = tuple(
@@ -318,9 +334,10 @@ def make_plan(s: Scenario) -> Plan:
     training["eval_every"] = s.training.eval_every.to_json()
     return Plan(
         name=s.name, seed=s.seed, model=s.model.model_dump(), dataset=s.dataset.model_dump(), training=training,
-        method=method, server=server, evaluator=evaluator, workers=tuple(workers),
+        method=method, server=servers[0], evaluator=evaluator, workers=tuple(workers),
         events=tuple(events), triggers=triggers, horizon_s=horizon, backend=s.backend,
-        checkpoint=s.server.checkpoint.model_dump(),
+        checkpoint=s.server.checkpoint.model_dump(), servers=servers,
+        partition=None if s.server.shards == 1 else {"split": s.server.split, "shards": s.server.shards},
     )
 
 

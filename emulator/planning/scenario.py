@@ -58,9 +58,11 @@ from emulator.planning.traces import GroupTraces, validation_context
 from emulator.runtime import models
 from emulator.runtime.config import LINK_PROPERTIES
 from emulator.runtime.downlink import PULL_MODES
+from emulator.runtime.partition import DEFAULT_SPLIT, PARTITIONS
 
 MAX_WORKERS = 10_000
 MAX_UPDATES = 10**9  # a billion updates: beyond, a typo (1e21) rather than a run
+MAX_SHARDS = 64  # server processes of one run
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 RESERVED_TARGETS = {"all": "every worker", "server": "the parameter server"}
 SERVER_ACTIONS = ("crash", "restart")
@@ -437,6 +439,10 @@ class ServerSpec(Strict):
     downlink: Rate | None = Field(None, description="server ingress cap (updates received); none = unshaped")
     delay: LinkDelay = 0.0
     port: int = Field(7000, ge=1, le=65535)
+    shards: int = Field(1, ge=1, le=MAX_SHARDS, description=(
+        "server processes holding parts of the model, each a device with these cpus, memory and link"))
+    split: Literal[tuple(PARTITIONS)] = Field(DEFAULT_SPLIT, description=(
+        "ranges: balanced key ranges of the flat model, cut inside tensors; tensors: whole tensors per shard"))
 
 
 class EvaluatorSpec(Strict):
@@ -622,10 +628,35 @@ def resolve_targets(targets, scenario: Scenario) -> list[int]:
     return sorted(set(targets))
 
 
+def server_names(shards: int) -> tuple[str, ...]:
+    """The servers' device names: ``server`` alone, or ``server-0 .. server-(N-1)``."""
+    return ("server",) if shards == 1 else tuple(f"server-{i}" for i in range(shards))
+
+
+def is_server_target(targets) -> bool:
+    """``server`` (every server) or ``server-<i>`` (one shard)."""
+    return isinstance(targets, str) and (targets == "server" or (targets.startswith("server-") and targets[7:].isdigit()))
+
+
+def resolve_servers(targets: str, scenario: Scenario) -> tuple[str, ...]:
+    """The server names a target means; ValueError for a shard the scenario does not have."""
+    names = server_names(scenario.server.shards)
+    if targets == "server":
+        return names
+    if targets not in names:
+        raise ValueError(f"no server named {targets!r}: the scenario's servers are {', '.join(names)}")
+    return (targets,)
+
+
 def _check_targets(s: Scenario) -> list[Problem]:
     out = []
     for i, event in enumerate(s.faults.at):
-        if event.targets == "server" and event.action not in SERVER_ACTIONS:
+        if is_server_target(event.targets):
+            try:
+                resolve_servers(event.targets, s)
+            except ValueError as exc:
+                out.append(Problem(f"faults.at[{i}].{event.action}", str(exc)))
+        if is_server_target(event.targets) and event.action not in SERVER_ACTIONS:
             out.append(Problem(f"faults.at[{i}].{event.action}", f"the server can only be targeted by {' or '.join(SERVER_ACTIONS)}"))
     checks: list[tuple[str, Any]] = []
     if s.faults.crash:
@@ -636,7 +667,7 @@ def _check_targets(s: Scenario) -> list[Problem]:
     for i, trigger in enumerate(s.faults.triggers):
         checks.append((f"faults.triggers[{i}].worker", (trigger.worker,)))
     for path, targets in checks:
-        if targets == "server" and not path.startswith("faults.crash") and not path.startswith("faults.triggers"):
+        if is_server_target(targets) and not path.startswith("faults.crash") and not path.startswith("faults.triggers"):
             continue
         try:
             resolve_targets(targets, s)

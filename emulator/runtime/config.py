@@ -134,6 +134,8 @@ class ServerConfig(DeviceConfig):
     transport: LinkConfig  # the part of the link the server's own shaper realises
     checkpoint: CheckpointConfig | None  # None: no checkpoints
     initial: str | None = None  # the initial model, a .npy of float32 the controller wrote; None: the built-in initialisation from seed
+    partition: dict | None = None  # the model's split over the servers (:meth:`.partition.Partition.to_json`); None: one server holds it all
+    shard: int = 0  # which of the partition's shards this server holds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,6 +149,8 @@ class ClientConfig(DeviceConfig):
     model_args: dict = field(default_factory=dict)  # the user's function's keyword arguments
     model_output: str = "auto"  # what a user's model returns: auto | logits | probabilities
     connect_timeout_s: float = 300.0  # how long to keep trying to reach the server
+    servers: list | None = None  # with several servers: every server's [host, port] as this device sees it, in shard order; None: ``ps`` alone
+    partition: dict | None = None  # ... and the model's split over them (:meth:`.partition.Partition.to_json`)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,7 @@ Run as ``python -m emulator.runtime.paramserver`` with its :class:`~.config.Serv
 from __future__ import annotations
 
 import collections
+import os
 import socket
 import sys
 import threading
@@ -29,7 +30,7 @@ import compression
 from compression import compiled
 from compression.layout import Layout
 
-from emulator.runtime import checkpoint, downlink, probe, protocol, rules
+from emulator.runtime import checkpoint, downlink, partition, probe, protocol, rules
 from emulator.runtime.bootstrap import load_config, start
 from emulator.runtime.config import ServerConfig
 from emulator.runtime.downlink import Holding
@@ -58,6 +59,10 @@ class ParameterServer:
         self.token = bytes.fromhex(cfg.token)
         self.layout = Layout.from_json(cfg.layout)
         self.params = initial_parameters(self.layout, cfg.seed) if cfg.initial is None else load_initial(cfg.initial, self.layout)
+        self.partition = partition.from_json(cfg.partition, self.layout)
+        if self.partition.shards > 1:  # this server holds one range of the model: its pieces, their values
+            lo, hi = self.partition.range(cfg.shard)
+            self.layout, self.params = self.partition.layouts[cfg.shard], self.params[lo:hi].copy()
         self.rule = rules.build(cfg.rule, self.layout, cfg.learning_rate)
         self.max_updates = cfg.max_updates
         # The largest valid update: every coordinate as a raw32 index and an f32 value (8 B);
@@ -79,6 +84,7 @@ class ParameterServer:
         self.mark = None
         ckpt = cfg.checkpoint
         if ckpt is not None and ckpt.dir:
+            os.makedirs(ckpt.dir, exist_ok=True)  # with several servers, each its own folder in the checkpoint mount
             self.checkpointer = checkpoint.Checkpointer(
                 ckpt.dir, ckpt.every_updates, ckpt.every_s,
                 on_saved=lambda version, seconds: self.tel.event("checkpoint_saved", version=version, seconds=round(seconds, 4)),
@@ -381,7 +387,8 @@ class ParameterServer:
         host, port = self.cfg.bind
         listener = socket.create_server((host, port), backlog=1024, reuse_port=False)
         self.tel.event("listening", host=host, port=port, parameters=int(self.layout.total), rule=self.rule.name,
-                       kernels=self.kernels)
+                       kernels=self.kernels,
+                       **({} if self.partition.shards == 1 else {"shard": self.cfg.shard, "shards": self.partition.shards}))
         threading.Thread(target=self.report_traffic, daemon=True, name="traffic").start()
         while True:
             sock, peer = listener.accept()

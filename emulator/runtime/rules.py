@@ -52,6 +52,10 @@ class Applied:
 
 class UpdateRule(ABC):
     name: ClassVar[str]
+    # True when a coordinate's new value depends only on that coordinate's state, the update's
+    # value there and the staleness: the model can then be split over several servers exactly
+    # (emulator/runtime/partition.py). A user's rule says so itself; False refuses server.shards > 1.
+    per_coordinate: ClassVar[bool] = False
 
     def __init__(self, layout: Layout, learning_rate: float):
         self.layout = layout
@@ -143,6 +147,7 @@ class UpdateRule(ABC):
 
 class Plain(UpdateRule):
     name = "plain"
+    per_coordinate = True
 
     def scale(self, staleness: int) -> float:
         return self.learning_rate
@@ -165,6 +170,7 @@ class Staleness(Plain):
 
 class AdaComp(UpdateRule):
     name = "adacomp"
+    per_coordinate = True
 
     def __init__(self, layout, learning_rate):
         super().__init__(layout, learning_rate)

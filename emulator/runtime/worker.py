@@ -22,9 +22,10 @@ import time
 import numpy as np
 
 import compression
+from compression import codec
 from compression.layout import Layout
 
-from emulator.runtime import probe, protocol
+from emulator.runtime import partition, probe, protocol
 from emulator.runtime.bootstrap import limit_threads, run_device
 from emulator.runtime.config import MethodConfig, WorkerConfig
 from emulator.runtime.data import BatchSampler, load_shard
@@ -39,11 +40,22 @@ REPORT_BYTES = 200  # at most this much of a non-finite report's text travels
 def push_body(compressor, grads: list[np.ndarray], layout: Layout, wire) -> tuple[bytes, int]:
     """The PUSH frame's body and flags for one gradient: its codec message, or for a gradient
     with NaN or Inf the names of the tensors that hold them, flagged ``NON_FINITE``."""
+    bodies, flags = push_bodies(compressor, grads, partition.build(layout, 1), wire)
+    return bodies[0], flags
+
+
+def push_bodies(compressor, grads: list[np.ndarray], split: partition.Partition, wire) -> tuple[list[bytes], int]:
+    """:func:`push_body` for every server: each shard's message (an empty part where the
+    update sent nothing to it, so every push reaches every shard), or the same report to each."""
     try:
         parts = compressor.compress(grads)
     except compression.NonFiniteGradient as exc:
-        return str(exc).encode()[:REPORT_BYTES], Flag.NON_FINITE
-    return compression.encode(parts, layout, wire), Flag.NONE
+        return [str(exc).encode()[:REPORT_BYTES]] * split.shards, Flag.NON_FINITE
+    if split.shards == 1:
+        return [compression.encode(parts, split.layout, wire)], Flag.NONE
+    parts = codec.round_trip(parts, wire)  # the values as the servers will decode them, then cut at the bounds
+    return [codec.encode(mine, piece, wire, flags) for mine, piece, flags in
+            zip(split.split(parts), split.layouts, split.flags(parts, wire.flags))], Flag.NONE
 
 
 def build_compressor(method: MethodConfig, layout: Layout, seed: int):
@@ -120,59 +132,75 @@ def run(cfg: WorkerConfig, tel) -> int:
     splits = np.array(layout.offsets[1:])
 
     hello = {"role": "worker", "worker": index, "incarnation": cfg.incarnation, "pull": pull.hello()}
+    split = partition.from_json(cfg.partition, layout)
+    addresses = [tuple(a) for a in cfg.servers] if cfg.servers else [cfg.ps]
+    copies = [copy] if split.shards == 1 else [ModelCopy(piece) for piece in split.layouts]
 
-    def join() -> Channel:
-        """Connect and introduce ourselves; the server's model must be ours."""
-        channel, welcome = open_session(cfg.ps, token, hello, shaper=shaper, max_body=layout.total * 4 + 4096,
+    def join(shard: int) -> Channel:
+        """Connect to one server and introduce ourselves; the server's part of the model must be ours."""
+        channel, welcome = open_session(addresses[shard], token, hello, shaper=shaper, max_body=layout.total * 4 + 4096,
                                         worker=index, timeout_s=cfg.connect_timeout_s)
-        if Layout.from_json(welcome["layout"]) != layout:
+        if Layout.from_json(welcome["layout"]) != split.layouts[shard]:
             raise protocol.ProtocolError("layout_mismatch", "the server's model is not this worker's")
         return channel
 
-    channel = join()
+    def join_all() -> list:
+        """(Re)connect to every server and take the model from each: their first replies."""
+        for channel in channels:
+            if channel is not None:
+                channel.close()
+        channels[:] = [join(i) for i in range(split.shards)]
+        for channel in channels:
+            channel.send(MsgType.PULL)  # the server answers once training has started
+        return [channel.recv(keep_buffer=True) for channel in channels]
+
+    channels: list = [None] * split.shards
+    channels[:] = [join(i) for i in range(split.shards)]
     model.warm_up(np.zeros(layout.total, np.float32), *sampler.next())
     tel.event("worker_ready", worker=index, incarnation=cfg.incarnation, shard_size=len(x))
-    channel.send(MsgType.PULL)  # the server answers once training has started
-    header, body = channel.recv(keep_buffer=True)
+    for channel in channels:
+        channel.send(MsgType.PULL)  # the server answers once training has started
+    replies = [channel.recv(keep_buffer=True) for channel in channels]
 
     stats, last_report = StepStats(), time.monotonic()
     since_pull = 0  # pushes since the model was last received
-    while not header.flags & Flag.DONE:
+    while not any(header.flags & Flag.DONE for header, _ in replies):
         try:
-            if header.type == MsgType.REJECT:
-                stats.rejected += 1
-                tel.event("push_rejected", worker=index, reason=protocol.parse_json(body, "reject").get("reason"))
-                channel.send(MsgType.PULL)
-                header, body = channel.recv(keep_buffer=True)
+            rejected = [i for i, (header, _) in enumerate(replies) if header.type == MsgType.REJECT]
+            if rejected:  # a refused push: that server's model again (the others answered it)
+                for i in rejected:
+                    stats.rejected += 1
+                    tel.event("push_rejected", worker=index, reason=protocol.parse_json(replies[i][1], "reject").get("reason"))
+                    channels[i].send(MsgType.PULL)
+                    replies[i] = channels[i].recv(keep_buffer=True)
                 continue
-            if header.type == MsgType.MODEL:
-                copy.receive(header.t0, header.flags, body)
-                stats.pulls += 1
-                stats.pull_bytes += protocol.HEADER.size + header.length
-                since_pull = 0
-            elif header.type != MsgType.ACK:
-                raise protocol.ProtocolError("unexpected", f"{header.type.name} from the server")
-            version, params = copy.version, copy.params
+            for (header, body), mine in zip(replies, copies):
+                if header.type == MsgType.MODEL:
+                    mine.receive(header.t0, header.flags, body)
+                    stats.pulls += 1
+                    stats.pull_bytes += protocol.HEADER.size + header.length
+                    since_pull = 0
+                elif header.type != MsgType.ACK:
+                    raise protocol.ProtocolError("unexpected", f"{header.type.name} from the server")
+            params = copy.params if split.shards == 1 else split.assemble([mine.params for mine in copies])
             t_start, c_start = time.perf_counter(), time.process_time()
             xb, yb = sampler.next()
             loss, grad = model.gradient(params, xb, yb)
             t_grad, c_grad = time.perf_counter(), time.process_time()
-            message, flags = push_body(compressor, np.split(grad, splits), layout, wire)
+            messages, flags = push_bodies(compressor, np.split(grad, splits), split, wire)
             t_comp, c_comp = time.perf_counter(), time.process_time()
             since_pull += 1
             if since_pull < pull.every:
                 flags |= Flag.NO_MODEL
-            stats.bytes += channel.send(MsgType.PUSH, message, t0=version, flags=flags)
+            for channel, message, mine in zip(channels, messages, copies):  # to every server, then their answers
+                stats.bytes += channel.send(MsgType.PUSH, message, t0=mine.version, flags=flags)
             stats.non_finite += bool(flags & Flag.NON_FINITE)
-            header, body = channel.recv(keep_buffer=True)
+            replies = [channel.recv(keep_buffer=True) for channel in channels]
         except (OSError, protocol.PeerClosed) as exc:
-            # The server went away (crash, restart): reconnect with backoff, take the model again.
+            # A server went away (crash, restart): reconnect with backoff, take the model again.
             tel.event("server_lost", worker=index, detail=str(exc))
-            channel.close()
-            channel = join()
-            channel.send(MsgType.PULL)
-            header, body = channel.recv(keep_buffer=True)
-            tel.event("reconnected", worker=index, version=header.t0)
+            replies = join_all()
+            tel.event("reconnected", worker=index, version=replies[0][0].t0)
             continue
         t_net = time.perf_counter()
         stats.steps += 1
@@ -189,7 +217,8 @@ def run(cfg: WorkerConfig, tel) -> int:
     if stats.steps:
         tel.record("steps", worker=index, **stats.as_record())
     tel.event("worker_finished", worker=index)
-    channel.close()
+    for channel in channels:
+        channel.close()
     return 0
 
 

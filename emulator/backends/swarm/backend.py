@@ -182,9 +182,10 @@ class SwarmBackend(Backend):
         self.features = _combine([links.KernelFeatures(**self.hub.hellos[n["ID"]]["features"]) for n in self.nodes])
         self._watcher = threading.Thread(target=self._watch, name="swarm-tasks", daemon=True)
         self._watcher.start()
-        server = next(d.name for d in devices if d.role == "server")
-        return Endpoints("127.0.0.1", self.anchor_ip, ("0.0.0.0", SERVER_PORT), (server, SERVER_PORT), DATA_MOUNT, CHECKPOINT_MOUNT,
-                         WORKLOAD_MOUNT)
+        servers = [d.name for d in devices if d.role == "server"]  # each reached by its name on the overlay
+        shards = {} if len(servers) == 1 else {name: (("0.0.0.0", SERVER_PORT), (name, SERVER_PORT)) for name in servers}
+        return Endpoints("127.0.0.1", self.anchor_ip, ("0.0.0.0", SERVER_PORT), (servers[0], SERVER_PORT), DATA_MOUNT,
+                         CHECKPOINT_MOUNT, WORKLOAD_MOUNT, shards)
 
     def _create_network(self, devices: int) -> None:
         import docker.types

@@ -78,6 +78,11 @@ class Profile:
     equal_step_alphas: tuple[float, ...] = ()
     equal_step_repeat: int = 3
     equal_step_overrides: tuple[str, ...] = ()
+    # Compression or more servers: dense ASGD with the model split over 1, 2 and 4 servers (each
+    # with the scenario's server link and CPU) against AdaComp on one (none: skipped).
+    servers_methods: tuple[str, ...] = ()
+    servers_overrides: tuple[str, ...] = ()
+    servers_repeat: int = 3
 
     def step_grids(self) -> dict[str, tuple[float, ...]]:
         """The step-size grid per method: ``alpha_grids`` where given, else every ``alpha_methods`` at ``alpha_grid``."""
@@ -110,6 +115,11 @@ PROFILES = {
         staleness_workers=(2, 4), staleness_overrides=("training.max_updates=150", "training.eval_every=50 updates"),
         two_way_methods=("adacomp:c=0.01", "adacomp:c=0.01:pull=delta"), two_way_links=("symmetric",), two_way_workers=(8,),
         two_way_overrides=("training.max_updates=300", "training.eval_every=100 updates", "workers[0].cpus=0.1"), two_way_repeat=2,
+        # ASGD at 0.005: alpha 0.1 diverged at 8 devices (as in the two-way experiment's note above).
+        servers_methods=("asgd:training.learning_rate=0.005", "asgd:training.learning_rate=0.005:server.shards=2",
+                         "asgd:training.learning_rate=0.005:server.shards=4", "adacomp:c=0.01:training.learning_rate=0.02"),
+        servers_overrides=("workers[0].count=8", "workers[0].cpus=0.1", "training.duration=30s", "training.max_updates=null",
+                           "training.eval_every=10s"), servers_repeat=1,
     ),
     # The paper's regime as far as 2 cores allow (docs/REPRODUCTION.md says what bounds each number):
     # 64 devices, 20,000 server updates, three paired repetitions (five do not fit), the whole test set.
@@ -169,6 +179,10 @@ PROFILES = {
         two_way_time_workers=(8,), two_way_time_overrides=("training.duration=240s", "training.max_updates=null",
                                                            "training.learning_rate=0.02", "training.eval_every=10s",
                                                            "workers[0].cpus=0.04"),
+        # 64 devices; ASGD at 0.001 (its best at 64 devices in the ingress sweep), AdaComp at 0.02.
+        servers_methods=("asgd:training.learning_rate=0.001", "asgd:training.learning_rate=0.001:server.shards=2",
+                         "asgd:training.learning_rate=0.001:server.shards=4", "adacomp:c=0.01:training.learning_rate=0.02"),
+        servers_overrides=PAPER_DEVICES + ("training.duration=240s", "training.max_updates=null", "training.eval_every=20s"),
     ),
     "smoke": Profile(
         methods=("asgd", "adacomp:c=0.01"),
