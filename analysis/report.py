@@ -296,6 +296,15 @@ def bound_rows(bounds: pd.DataFrame) -> list[tuple]:
             for r in bounds.to_dict("records")]
 
 
+def server_rows(servers: list[dict]) -> list[tuple[str, ...]]:
+    """One row per server of a sharded run (``summary.json``'s ``servers``)."""
+    def size(value):
+        return "-" if value is None else format_bytes(value)
+
+    return [(s.get("name", "?"), f"{s.get('updates', 0):,}", size(s.get("ingress_payload_bytes")), size(s.get("egress_payload_bytes")),
+             size(s.get("ingress_wire_bytes")), size(s.get("egress_wire_bytes"))) for s in servers]
+
+
 def run_report(run: Run, out: Path) -> list[Block]:
     row = summary_row(run)
     blocks = [Block("h1", f"Run {run.run_id}")]
@@ -306,6 +315,14 @@ def run_report(run: Run, out: Path) -> list[Block]:
                                  + "The numbers below are rebuilt from the traces written so far."))
     blocks += [Block("h2", "Summary"), Block("table", headers=tuple(SUMMARY_HEADERS), rows=(tuple(summary_cells(row)),)),
                Block("table", headers=("detail", "value"), rows=tuple(tuple(r) for r in _details(run)))]
+    servers = run.summary.get("servers") or []
+    if servers:
+        blocks += [Block("h2", "Servers"),
+                   Block("p", f"The model split over {len(servers)} server processes (`server.shards`), each its own CPU quota "
+                              "and link: what each applied and carried both ways (payload as the protocol counts it; wire as "
+                              "its interface counted it, headers and retransmissions included)."),
+                   Block("table", headers=("server", "updates", "ingress payload", "egress payload", "ingress wire", "egress wire"),
+                         rows=tuple(server_rows(servers)))]
     mechanisms = load_json(run.path, "mechanisms.json")
     devices = device_rows(run.plan, mechanisms)
     if devices:

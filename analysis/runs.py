@@ -369,6 +369,16 @@ def _last_k(accuracy: pd.DataFrame) -> float | None:
     return mean_of_last([_number(float(a)) for a in trained["accuracy"] if a is not None and not pd.isna(a)])
 
 
+def server_shares(summary: dict) -> dict:
+    """How many servers a run had and the ingress payload of the busiest one (its link saturates
+    first): with one server, the run's total ingress."""
+    servers = summary.get("servers") or []
+    if not servers:
+        return {"servers": 1, "busiest_server_ingress_bytes": _number(summary.get("ingress_payload_bytes"))}
+    return {"servers": len(servers),
+            "busiest_server_ingress_bytes": max(int(s.get("ingress_payload_bytes") or 0) for s in servers)}
+
+
 def summary_row(run: Run) -> dict:
     """The report's one line for a run: from ``summary.json``, else rebuilt from the streams."""
     s, plan = run.summary, run.plan
@@ -396,6 +406,7 @@ def summary_row(run: Run) -> dict:
         "egress_wire_bytes": _number(s.get("egress_wire_bytes")),
         "two_way_bytes_per_update": _number(s.get("two_way_bytes_per_update")),
         "duration_s": _number(duration),
+        **server_shares(s),
         "faults": {str(k): int(v) for k, v in sorted(fault_counts.items())},
         "backend": s.get("backend"),
     }
@@ -459,6 +470,6 @@ __all__ = [
     "COLUMNS", "STREAMS", "LOADERS", "Collection", "Run", "accuracy_with_ingress", "counter_rates", "faults",
     "ingress_per_second", "is_run_dir", "is_sweep_dir", "load_accuracy", "load_collection", "load_events",
     "load_net", "load_plan", "load_run", "load_stats", "load_steps", "load_stream", "load_summary",
-    "load_traffic", "load_updates", "server_cpu_per_update", "summary_row", "traffic_both_ways", "training_start_ts",
+    "load_traffic", "load_updates", "server_cpu_per_update", "server_shares", "summary_row", "traffic_both_ways", "training_start_ts",
     "worker_shares",
 ]

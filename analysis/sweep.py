@@ -22,6 +22,13 @@ from analysis import outcomes
 from analysis.outcomes import CONFIDENCE, mean_ci, t_central, t_quantile  # noqa: F401 - re-exported: sweep tables' maths
 
 METRICS = ("final_accuracy", "ingress_payload_bytes", "egress_payload_bytes", "two_way_bytes_per_update", "updates", "duration_s")
+SHARDED = ("busiest_server_ingress_bytes",)  # a column of its own where some run split its model over several servers
+
+
+def metrics_for(table: pd.DataFrame) -> tuple[str, ...]:
+    """:data:`METRICS`, and the busiest server's ingress where a run of the table had several servers."""
+    several = "servers" in table and bool((table["servers"].fillna(1) > 1).any())
+    return METRICS + SHARDED if several else METRICS
 
 
 # -- tables ------------------------------------------------------------------------------
@@ -34,7 +41,7 @@ def value_label(value) -> object:
     return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=1000).strip()
 
 
-def aggregate(table: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str] = METRICS,
+def aggregate(table: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str] | None = None,
               confidence: float = CONFIDENCE) -> pd.DataFrame:
     """One row per grid point: its key values, ``runs``, ``n`` (completed runs), ``flagged`` (how
     many of those diverged or ended dead, :func:`flagged`), and per metric
@@ -46,6 +53,7 @@ def aggregate(table: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str] =
     """
     if table.empty:
         return pd.DataFrame(columns=[*keys, "runs", "n"])
+    metrics = metrics_for(table) if metrics is None else metrics
     labelled = table.assign(**{k: table[k].map(value_label) for k in keys})
     by = ["point"] if "point" in labelled else list(keys)
     rows = []
@@ -94,6 +102,7 @@ def _cell(metric: str, mean: float, half: float) -> str:
     fmt = {
         "final_accuracy": lambda v: f"{v:.4f}",
         "ingress_payload_bytes": format_bytes,
+        "busiest_server_ingress_bytes": format_bytes,
         "egress_payload_bytes": format_bytes,
         "two_way_bytes_per_update": format_bytes,
         "updates": lambda v: f"{v:,.0f}",
@@ -102,8 +111,10 @@ def _cell(metric: str, mean: float, half: float) -> str:
     return fmt(mean) if math.isnan(half) else f"{fmt(mean)} ± {fmt(half)}"
 
 
-def aggregate_rows(agg: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str] = METRICS) -> tuple[list[str], list[list[str]]]:
-    """Headers and text rows of the aggregate table (``mean ± half-width``), for Markdown and HTML."""
+def aggregate_rows(agg: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """Headers and text rows of the aggregate table (``mean ± half-width``), for Markdown and HTML;
+    ``metrics``: by default every one :func:`aggregate` computed."""
+    metrics = [m for m in METRICS + SHARDED if f"{m}_mean" in agg] if metrics is None else metrics
     headers = [*keys, "runs (completed)", "diverged or dead (95% CI, exact)",
                f"final accuracy, trained runs (mean of last {outcomes.LAST_K} evaluations ± 95% CI)",
                *(f"{m} (mean ± 95% CI)" for m in metrics)]
@@ -144,5 +155,5 @@ def write_tables(collection, out: str | Path | None = None) -> pd.DataFrame:
     return agg
 
 
-__all__ = ["METRICS", "aggregate", "aggregate_rows", "markdown_table", "mean_ci", "plotted_keys", "t_central",
+__all__ = ["METRICS", "SHARDED", "aggregate", "aggregate_rows", "markdown_table", "mean_ci", "metrics_for", "plotted_keys", "t_central",
            "t_quantile", "value_label", "write_tables"]

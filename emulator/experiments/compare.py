@@ -72,6 +72,7 @@ from typing import Callable
 import numpy as np
 
 from analysis import outcomes  # rates with exact intervals, Fisher, Holm, smoothed final accuracy: sweep uses them too
+from analysis.runs import server_shares
 from analysis.sweep import CONFIDENCE, mean_ci  # the project's one Student-t interval: sweep tables use it too
 
 from emulator import backends  # backends.choose, the seam tests replace
@@ -92,7 +93,7 @@ COLUMNS = ("method", "final accuracy", "updates", "ingress payload (B)", "bytes 
            "time to target (s)", "compress / compute")
 AGGREGATED = ("final_accuracy", "updates", "ingress_payload_bytes", "bytes_per_update", "ratio_to_dense",
               "down_bytes_per_update", "two_way_bytes_per_update",
-              "time_to_target", "compress_overhead")  # the numeric columns of COLUMNS, as row keys
+              "time_to_target", "compress_overhead", "busiest_server_ingress_bytes")  # the numeric columns, as row keys
 CANT_TELL = "can't tell"
 FAMILY_RULE = ("per measure (diverged or dead; final accuracy over pairs that both trained; time to target), the family is "
                "every pair of this comparison's methods that could be tested; Holm's step-down adjustment; a verdict needs "
@@ -340,6 +341,7 @@ def summarize_run(run_dir: Path, label: str) -> dict:
         "bytes_per_update": float(np.mean(sizes)) if sizes else None,
         "down_bytes_per_update": summary.get("down_bytes_per_update"),
         "two_way_bytes_per_update": summary.get("two_way_bytes_per_update"),
+        **server_shares(summary),
         "compress_overhead": compress_overhead(read_jsonl(run_dir / "steps.jsonl")),
         "curve": (curve := accuracy_curve(updates, read_jsonl(run_dir / "accuracy.jsonl"), training_start(run_dir, summary))),
         "final_accuracy_last_k": last_k_accuracy(curve),
@@ -598,8 +600,10 @@ def render_markdown(report: dict) -> str:
         f"# Comparison: {report.get('name', '')}", "",
         f"Scenario `{report.get('scenario', '')}`, seed {report.get('seed')}, backend {report.get('backend')}; "
         f"target accuracy {_num(target, '.4f')}; ratios against `{report['dense_reference'] or 'no dense run'}`.", "",
-        "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS),
     ]
+    sharded = _sharded(report["methods"])
+    columns = COLUMNS + SERVER_COLUMNS if sharded else COLUMNS
+    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in report["methods"]:
         reached = row["time_to_target"]
         cells = [
@@ -612,9 +616,18 @@ def render_markdown(report: dict) -> str:
             "not reached" if reached is None else f"{_num(reached['time_s'], '.1f')} (update {reached['version']})",
             _num(row["compress_overhead"], ".3f"),
         ]
+        if sharded:
+            cells += [str(row.get("servers") or 1), _num(row.get("busiest_server_ingress_bytes"), ",.0f")]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"![accuracy versus cumulative ingress bytes]({report['figure']})", ""]
     return "\n".join(lines)
+
+
+SERVER_COLUMNS = ("servers", "busiest server's ingress payload (B)")  # where some run split its model over several servers
+
+
+def _sharded(rows: list[dict]) -> bool:
+    return any((row.get("servers") or 1) > 1 for row in rows)
 
 
 REPEATED_COLUMNS = ("method", "diverged or dead", "final accuracy, trained runs", "accuracy at the common time, trained runs",
@@ -642,8 +655,13 @@ def _render_repeated(report: dict) -> str:
         f"{_num(at, '.1f')} s of training (the shortest trained run's last evaluation). Other cells: mean ± half-width of "
         f"the {confidence} Student-t interval of the mean (number of runs) over the completed runs; time to target over "
         "the runs that reached it. One row per run: `compare.json`.", "",
-        "| " + " | ".join(REPEATED_COLUMNS) + " |", "|" + "---|" * len(REPEATED_COLUMNS),
     ]
+    sharded = _sharded(report["methods"])
+    columns = REPEATED_COLUMNS + SERVER_COLUMNS if sharded else REPEATED_COLUMNS
+    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    servers = {}
+    for row in report["methods"]:
+        servers.setdefault(row["method"], row.get("servers") or 1)
     for entry in report["aggregate"]:
         notes = [f"{entry['completed']} of {entry['runs']} completed"] if entry["completed"] < entry["runs"] else []
         unreached = entry["completed"] - entry["reached_target"]
@@ -657,6 +675,8 @@ def _render_repeated(report: dict) -> str:
                  _cell(entry["ingress_payload_bytes"], ",.0f"), _cell(entry["bytes_per_update"], ",.0f"),
                  _cell(entry["ratio_to_dense"], ".1f", "x"), _cell(entry["down_bytes_per_update"], ",.0f"),
                  _cell(entry["two_way_bytes_per_update"], ",.0f"), time, _cell(entry["compress_overhead"], ".3f")]
+        if sharded:
+            cells += [str(servers.get(entry["method"], 1)), _cell(entry.get("busiest_server_ingress_bytes") or {"n": 0}, ",.0f")]
         lines.append("| " + " | ".join(cells) + " |")
     family = report.get("family", FAMILY_RULE)
     lines += ["", "## Paired differences", "",

@@ -423,3 +423,57 @@ def test_verdicts_are_adjusted_over_the_family_of_pairs():
     assert all(test["p_holm"] >= test["p"] for test in by.values())
     ranked = sorted(by.values(), key=lambda t: t["p"])
     assert ranked[0]["p_holm"] == pytest.approx(min(1.0, 3 * ranked[0]["p"]))
+
+
+def _shard(path: Path, ingress: list[int]) -> None:
+    """Make ``path``'s run one whose model was split over ``len(ingress)`` servers with these ingress payloads."""
+    summary = json.loads((path / "summary.json").read_text())
+    summary["servers"] = [{"name": f"server-{i}", "updates": summary["updates_applied"], "ingress_payload_bytes": b,
+                           "egress_payload_bytes": 2 * b, "ingress_wire_bytes": b + 60, "egress_wire_bytes": 2 * b + 60}
+                          for i, b in enumerate(ingress)]
+    (path / "summary.json").write_text(json.dumps(summary))
+
+
+def test_runs_on_several_servers_add_the_busiest_servers_ingress(tmp_path):
+    """A comparison where a method split its model over servers says how many and what its busiest
+    server's link carried; one where no run did keeps its table as it was."""
+    from emulator.experiments.compare import render_markdown, report_of, summarize_run
+
+    fake_run(tmp_path / "01-asgd", "dense", [1000] * 4, [(0, 0.1), (4, 0.8)])
+    fake_run(tmp_path / "02-asgd-2", "dense", [1000] * 4, [(0, 0.1), (4, 0.8)])
+    unsharded = [{**summarize_run(tmp_path / "01-asgd", "asgd"), "repeat": 0, "seed": 3}]
+    assert unsharded[0]["servers"] == 1 and unsharded[0]["busiest_server_ingress_bytes"] == 4100
+    assert "busiest server" not in render_markdown(report_of(unsharded, meta={**META, "repeat": 1}))
+    _shard(tmp_path / "02-asgd-2", [2300, 1800])
+    rows = unsharded + [{**summarize_run(tmp_path / "02-asgd-2", "asgd:server.shards=2"), "repeat": 0, "seed": 3}]
+    single = render_markdown(report_of(rows, meta={**META, "repeat": 1}))
+    assert "| servers | busiest server's ingress payload (B) |" in single
+    assert single.count(" | 1 | 4,100 |") == 1 and " | 2 | 2,300 |" in single
+    repeated = [{**r, "repeat": k, "seed": 3 + k} for r in rows for k in range(2)]
+    text = render_markdown(report_of(repeated, meta={**META, "repeat": 2, "seeds": [3, 4]}))
+    assert "| 2 | 2,300 ± 0 (2) |" in text and "| 1 | 4,100 ± 0 (2) |" in text
+
+
+def test_a_sweep_over_shards_tabulates_the_busiest_server():
+    import pandas as pd
+
+    from analysis.sweep import METRICS, aggregate, aggregate_rows, metrics_for
+
+    base = {"status": "completed", "outcome": "ok", "final_accuracy": 0.8, "final_accuracy_last_k": 0.8, "updates": 10,
+            "ingress_payload_bytes": 4096, "egress_payload_bytes": 8192, "two_way_bytes_per_update": 1228.8, "duration_s": 5.0}
+    one = pd.DataFrame([{**base, "server.shards": 1, "servers": 1, "busiest_server_ingress_bytes": 4096}])
+    assert metrics_for(one) == METRICS
+    table = pd.DataFrame([{**base, "server.shards": n, "servers": n, "busiest_server_ingress_bytes": 4096 // n} for n in (1, 2, 4)])
+    agg = aggregate(table, ["server.shards"])
+    assert list(agg["busiest_server_ingress_bytes_mean"]) == [4096, 2048, 1024]
+    headers, rows = aggregate_rows(agg, ["server.shards"])
+    assert headers[-1] == "busiest_server_ingress_bytes (mean ± 95% CI)"
+    assert [r[-1] for r in rows] == ["4.00 KiB", "2.00 KiB", "1.00 KiB"]
+
+
+def test_a_sharded_runs_report_has_a_row_per_server():
+    from analysis.report import server_rows
+
+    rows = server_rows([{"name": "server-0", "updates": 300, "ingress_payload_bytes": 2048, "egress_payload_bytes": 4096,
+                         "ingress_wire_bytes": 3072, "egress_wire_bytes": None}])
+    assert rows == [("server-0", "300", "2.00 KiB", "4.00 KiB", "3.00 KiB", "-")]
