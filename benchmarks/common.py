@@ -112,3 +112,19 @@ def run_docker_scenario(scenario: dict, out_root, *, image: str | None = None, c
         signal.signal(signal.SIGALRM, previous)
         remove_labelled(run_id, rounds=3, say=say)
     return summary.data, summary.path
+
+
+def standalone(run: Callable[[bool], dict], markdown: Callable[[dict], list[str]], doc: str) -> None:
+    """``python -m benchmarks.X [--quick] [--json FILE]`` for a benchmark that also runs alone:
+    measure, optionally keep the JSON, print its Markdown table."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", help="also write the result here")
+    args = parser.parse_args()
+    result = run(args.quick)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    print("\n".join(markdown(result)))
+

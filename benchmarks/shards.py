@@ -15,15 +15,13 @@ Run: ``python -m benchmarks.shards [--quick] [--json FILE]``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import os
 import time
 
 import numpy as np
 
-from benchmarks.common import cnn_layout, realistic_gradient
+from benchmarks.common import cnn_layout, realistic_gradient, standalone
 from benchmarks.pushers import ServerProcess
 
 POOL = 32  # AdaComp updates the pushers cycle through
@@ -162,12 +160,4 @@ def markdown(result: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", help="also write the result here")
-    args = parser.parse_args()
-    result = run(args.quick)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    print("\n".join(markdown(result)))
+    standalone(run, markdown, __doc__)
