@@ -189,7 +189,7 @@ class DockerBackend(Backend):
         gateway = str(subnet.network_address + 1)
         servers = [d.name for d in devices if d.role == "server"]
         self.server_ips = {name: str(subnet.network_address + 2 + i) for i, name in enumerate(servers)}
-        server_ip = self.server_ips[servers[0]]
+        server_ip = self.server_ips[servers[0]] if servers else str(subnet.network_address + 2)  # no server planned: its address
         (Path(ctx.run_dir) / "devices").mkdir(exist_ok=True)
         checkpoints = Path(ctx.run_dir) / "checkpoint"
         checkpoints.mkdir(exist_ok=True)
