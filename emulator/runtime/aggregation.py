@@ -40,8 +40,9 @@ import numpy as np
 from compression.layout import Layout
 
 from emulator import plugins
-from emulator.runtime.rules import Applied, UpdateRule
+from emulator.runtime.rules import Applied, RuleError, UpdateRule
 
+LATE = "late_for_round"  # the rejection reason of a FedAvg update that missed its round
 Coordinates = list  # [(slice | flat index array, float32 values)], as UpdateRule.steps takes them
 
 
@@ -145,9 +146,10 @@ class Aggregator(ABC):
         """Seconds until :meth:`due` may have something to do (None: never by itself)."""
         return None
 
-    def flat(self, indices: np.ndarray, values: np.ndarray) -> Coordinates:
-        """An update given as flat indices and values (the codec's compiled shortcut), as coordinates."""
-        return [(indices, values)]
+    def receive_flat(self, params: np.ndarray, indices: np.ndarray, values: np.ndarray, worker: int, staleness: int,
+                     examples: int, now: float) -> Applied | None:
+        """:meth:`receive` of an update given as ascending flat indices and their values (the codec's compiled shortcut)."""
+        return self.receive(params, [(indices, values)], worker, staleness, examples, now)
 
 
 class PerPush(Aggregator):
@@ -157,6 +159,9 @@ class PerPush(Aggregator):
 
     def receive(self, params, coordinates, worker, staleness, examples, now):
         return self.rule.apply_coordinates(params, coordinates, worker, staleness)
+
+    def receive_flat(self, params, indices, values, worker, staleness, examples, now):
+        return self.rule.apply_flat(params, indices, values, worker, staleness)  # the rule's compiled loop where it has one
 
 
 def _accumulate(total: np.ndarray, coordinates: Coordinates, weight: np.float32) -> None:
@@ -304,6 +309,7 @@ class FedAvg(_Buffered):
         self.chosen: set[int] = set()  # this round's sample
         self.took: dict[int, int] = {}  # worker -> the round whose model it took
         self.deltas: dict[int, tuple[Coordinates, int]] = {}  # this round's reports, by worker
+        self.lost: set[int] = set()  # this round's sampled clients that left before reporting
         self.late = 0  # updates dropped for arriving after their round closed
 
     @classmethod
@@ -346,12 +352,14 @@ class FedAvg(_Buffered):
 
     def forget(self, worker):
         self.connected.discard(worker)
+        if worker in self.chosen and worker not in self.deltas:
+            self.lost.add(worker)  # gone mid-round (crashed, unavailable): it will not report to this round
 
     def receive(self, params, coordinates, worker, staleness, examples, now):
         round_ = self._round
         if round_ is None or worker not in self.chosen or self.took.get(worker) != round_.index or worker in self.deltas:
-            self.late += 1
-            return None
+            self.late += 1  # its round closed without it (it was counted as dropped there)
+            raise RuleError(LATE, f"worker {worker}'s update came after its round closed")
         self.deltas[worker] = ([(target, values.copy()) for target, values in coordinates], examples)
         round_.participants.append(worker)
         if len(self.deltas) < len(self.chosen):
@@ -366,7 +374,7 @@ class FedAvg(_Buffered):
             return None
         if self.deadline_s is not None and now - round_.started >= self.deadline_s:
             return self._finish(params, protocol_worker(round_), now)
-        if not self.chosen & self.connected and not self.deltas:  # everyone sampled is gone
+        if self.chosen and self.chosen <= set(self.deltas) | self.lost:  # the rest of the sample is gone
             return self._finish(params, protocol_worker(round_), now)
         return None
 
@@ -384,6 +392,7 @@ class FedAvg(_Buffered):
                 _accumulate(self.total, coordinates, np.float32(n / examples) if examples else np.float32(1 / len(self.deltas)))
         step = self.total.copy()
         self.deltas.clear()
+        self.lost.clear()
         self.chosen = set()
         applied = self._close(params, step, worker, now, examples)
         self._start(now)

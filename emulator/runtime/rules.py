@@ -75,6 +75,10 @@ class UpdateRule(ABC):
         """Update ``params`` in place (called under the server's lock); all or nothing."""
         return self._apply(params, self._coordinates(parts), worker, staleness)
 
+    def coordinates(self, parts: list[Part]) -> list[tuple[slice | np.ndarray, np.ndarray]]:
+        """The update's ``(target, values)`` pairs, as :meth:`steps` takes them."""
+        return self._coordinates(parts)
+
     def apply_coordinates(self, params: np.ndarray, coordinates, worker: int, staleness: int) -> Applied:
         """:meth:`apply` of ``(target, values)`` pairs (an aggregator's step); all or nothing."""
         return self._apply(params, coordinates, worker, staleness)

@@ -56,7 +56,7 @@ def test_fedbuff_is_its_sequential_reference_bit_for_bit(sparse, kind):
     arrivals = schedule(1, 11, 5, sparse)
     steps = 0
     for worker, tau, parts in arrivals:
-        if agg.receive(params, rule._coordinates(parts), worker, tau, 100, 0.0) is not None:
+        if agg.receive(params, rule.coordinates(parts), worker, tau, 100, 0.0) is not None:
             steps += 1
     assert steps == 3 and agg.rounds == 3  # 11 arrivals, buffer 3: two held at the end
 
@@ -93,7 +93,7 @@ def test_fedasync_is_its_sequential_reference_bit_for_bit(kind):
             pulled_ref[worker] = theta.copy()
         tau = int(rng.integers(0, 5))
         parts = delta_parts(rng, sparse=bool(step % 2))
-        agg.receive(params, rule._coordinates(parts), worker, tau, 10, 0.0)
+        agg.receive(params, rule.coordinates(parts), worker, tau, 10, 0.0)
         # FedAsync (Xie et al.): theta <- (1 - a_t) theta + a_t theta_client, a_t = alpha s(tau)
         s = {"constant": 1.0, "polynomial": (1.0 + tau) ** -0.5, "hinge": 1.0 if tau <= 1 else 1 / (0.5 * (tau - 1) + 1)}[kind]
         client = pulled_ref[worker] - dense(parts)
@@ -112,7 +112,7 @@ def test_fedasync_is_the_convex_mix_of_server_and_client_models():
     params += 1.0  # others' updates since the pull
     before = params.copy()
     parts = [DensePart(np.full(size, 0.25, np.float32)) for size in LAYOUT.sizes]
-    agg.receive(params, rule._coordinates(parts), 0, 3, 1, 0.0)
+    agg.receive(params, rule.coordinates(parts), 0, 3, 1, 0.0)
     np.testing.assert_allclose(params, 0.5 * before + 0.5 * (pulled - 0.25), rtol=1e-6)
 
 
@@ -136,12 +136,13 @@ def fedavg_run(arrival_order_seed: int, sparse=True):
         late = chosen[0] if r == 2 else None
         for w in rng.permutation(chosen):
             if w != late:
-                agg.receive(params, rule._coordinates(deltas[r, w]), int(w), 0, examples[w], now)
+                agg.receive(params, rule.coordinates(deltas[r, w]), int(w), 0, examples[w], now)
         if late is not None:
             assert agg.due(params, now + 1.0) is None  # before the deadline the round waits
             now += 5.0
             assert agg.due(params, now) is not None  # the deadline closes it without the late client
-            assert agg.receive(params, rule._coordinates(deltas[r, late]), late, 0, examples[late], now) is None
+            with pytest.raises(rules.RuleError, match="late_for_round"):  # its round closed: dropped, the model kept
+                agg.receive(params, rule.coordinates(deltas[r, late]), late, 0, examples[late], now)
             assert agg.late == 1
     return params, sampled, agg.closed(), deltas, examples
 
@@ -189,7 +190,7 @@ def test_per_push_is_the_rule():
         other.on_pull(w, 0)
     for step in range(6):
         parts = delta_parts(rng, True)
-        agg.receive(a, rule._coordinates(parts), step % 2, step, 1, 0.0)
+        agg.receive(a, rule.coordinates(parts), step % 2, step, 1, 0.0)
         other.apply(b, parts, step % 2, step)
     assert a.tobytes() == b.tobytes()
 
@@ -239,3 +240,23 @@ def test_registry_and_rules_that_take_deltas():
     with pytest.raises(aggregation.AggregatorError) as exc:
         FedBuff(LAYOUT, rules.build("plain", LAYOUT, 1.0), buffer=2, bogus=1)
     assert exc.value.field == "bogus"
+
+
+def test_fedavg_closes_a_round_whose_other_sampled_clients_left():
+    """Without a deadline, a round whose missing clients crashed closes once the others reported."""
+    rule = rules.build("plain", LAYOUT, 1.0)
+    agg = FedAvg(LAYOUT, rule, seed=0, sample=3)
+    params = initial()
+    for w in range(3):
+        agg.join(w)
+    for w in range(3):
+        assert agg.admit(w, 0.0)
+        agg.on_pull(w, 0, params)
+    agg.receive(params, rule.coordinates(delta_parts(np.random.default_rng(0), True)), 0, 0, 5, 0.0)
+    agg.forget(1)
+    assert agg.due(params, 1.0) is None  # worker 2 may still report
+    agg.forget(2)
+    agg.join(2)  # it came back: too late for this round
+    assert agg.due(params, 2.0) is not None
+    (record,) = agg.closed()
+    assert record.participants == [0] and record.dropped == [1, 2]
