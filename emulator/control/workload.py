@@ -34,7 +34,7 @@ from emulator.planning.plan import Plan, check_dataset
 from emulator.planning.scenario import Scenario
 from emulator.planning.problems import Problem, ScenarioError, problems_from
 from emulator.planning.workload import UserFile, user_files
-from emulator.runtime import contract, models, partition, rules
+from emulator.runtime import aggregation, contract, models, partition, rules
 from emulator.runtime.models import save_initial
 
 FOLDER = "workload"  # in the run directory; devices see it read-only
@@ -69,6 +69,8 @@ def check(plan: Plan, files: list[UserFile], input_shape: tuple[int, ...], class
             problems += _check_compressor(file, plan, layout)
         elif file.role == "rule":
             problems += _check_rule(file, plan, layout)
+        elif file.role == "aggregator":
+            problems += _check_aggregator(file, plan, layout)
     problems += _check_servers(plan, layout)
     if problems:
         raise ScenarioError(problems)
@@ -115,6 +117,26 @@ def _check_rule(file: UserFile, plan: Plan, layout: Layout) -> list[Problem]:
     try:
         cls = rules.lookup(file.reference)
         plugins.call(cls, layout, plan.training["learning_rate"], what=f"{file.reference}(layout, learning_rate)")
+    except plugins.PluginError as error:
+        return [Problem(file.field, str(error))]
+    return []
+
+
+def _check_aggregator(file: UserFile, plan: Plan, layout: Layout) -> list[Problem]:
+    """A user's aggregator: imported, made with the layout, the plan's rule and its parameters; a rule
+    that cannot take a model delta refused when the aggregator needs one."""
+    method = plan.method
+    try:
+        cls = aggregation.lookup(file.reference)
+        rule = rules.lookup(method.rule) if not plugins.is_reference(method.rule) else None
+        if rule is not None and cls.takes_model_delta and not rule.takes_model_delta:
+            return [Problem("method.rule", f"{file.reference} aggregates model deltas, which the rule {method.rule!r} cannot take")]
+        built = rules.build(method.rule, layout, 1.0) if rule is not None else None
+        if built is not None:
+            plugins.call(cls, layout, built, plan.seed, what=f"{file.reference}(layout, rule, seed, **params)",
+                         **method.aggregation["params"])
+    except aggregation.AggregatorError as error:
+        return [Problem(f"method.aggregation.{error.field}", error.message)]
     except plugins.PluginError as error:
         return [Problem(file.field, str(error))]
     return []

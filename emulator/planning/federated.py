@@ -83,13 +83,14 @@ class Federated:
                 "server_learning_rate": self.server_learning_rate}
 
 
-def resolve(local: LocalSpec | None, aggregation: AggregationSpec, learning_rate: float) -> Federated:
+def resolve(local: LocalSpec | None, aggregation: AggregationSpec) -> Federated:
+    """The keys as the plan keeps them; a federated aggregation without ``local`` trains one epoch per push."""
     if local is None and aggregation.name in AGGREGATORS and AGGREGATORS[aggregation.name].takes_model_delta:
         local = LocalSpec(epochs=1)
     if local is None:
         return Federated(None, aggregation.name, aggregation.params, None)
-    resolved = {"steps": local.steps, "epochs": local.epochs, "learning_rate": float(learning_rate)}
-    return Federated(resolved, aggregation.name, aggregation.params, local.server_learning_rate)
+    return Federated({"steps": local.steps, "epochs": local.epochs}, aggregation.name, aggregation.params,
+                     local.server_learning_rate)
 
 
 def check(local: LocalSpec | None, aggregation: AggregationSpec, rule: str, clients: int, pull_every: int) -> list[Problem]:

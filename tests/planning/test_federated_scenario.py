@@ -1,0 +1,69 @@
+"""The scenario's federated keys: resolved into the plan, bad input refused naming the field (exit 2)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from emulator.cli import main
+from emulator.control.controller import method_config, server_learning_rate
+from emulator.planning.plan import make_plan
+from emulator.planning.problems import ScenarioError
+from emulator.planning.scenario import validate
+
+
+def scenario(method: dict, workers: int = 8) -> dict:
+    return {"name": "fed", "training": {"max_updates": 10, "learning_rate": 0.05}, "workers": [{"count": workers}],
+            "method": method}
+
+
+def problems_of(data: dict) -> list[str]:
+    with pytest.raises(ScenarioError) as info:
+        validate(data)
+    return [str(p) for p in info.value.problems]
+
+
+@pytest.mark.parametrize(("method", "field"), [
+    ({"name": "asgd", "aggregation": {"name": "fedavg", "sample": 9}}, "method.aggregation.sample: 9 clients per round is above the population (8 workers)"),
+    ({"name": "asgd", "aggregation": {"name": "fedavg", "sample": 4, "deadline": "0s"}}, "method.aggregation.deadline"),
+    ({"name": "asgd", "aggregation": {"name": "fedbuff", "buffer": 9}}, "method.aggregation.buffer: 9 is larger than the number of clients (8)"),
+    ({"name": "adacomp", "local": {"steps": 5}}, "method.local: local steps push a model delta, which the rule 'adacomp' cannot take"),
+    ({"name": "adacomp", "aggregation": "fedbuff"}, "method.rule"),
+    ({"name": "asgd", "aggregation": {"name": "fedasync", "staleness": "cubic"}}, "method.aggregation.staleness"),
+    ({"name": "asgd", "aggregation": {"name": "fedbuff", "sample": 3}}, "method.aggregation.sample: unknown parameter for fedbuff"),
+    ({"name": "asgd", "aggregation": "fedsgd"}, "method.aggregation.name: unknown aggregation 'fedsgd'"),
+    ({"name": "asgd", "local": {"steps": 5, "epochs": 1}}, "method.local"),
+    ({"name": "asgd", "local": {"steps": 5}, "pull": {"every": 4}}, "method.pull.every"),
+])
+def test_bad_federated_input_names_its_field(method, field):
+    assert any(p.startswith(field) for p in problems_of(scenario(method))), problems_of(scenario(method))
+
+
+def test_bad_input_exits_2_naming_the_field(tmp_path):
+    path = tmp_path / "fed.yaml"
+    path.write_text(yaml.safe_dump(scenario({"name": "asgd", "aggregation": {"name": "fedavg", "sample": 20}})))
+    result = CliRunner().invoke(main, ["plan", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "method.aggregation.sample" in result.output
+
+
+def test_the_plan_carries_local_steps_and_the_aggregation_to_the_devices():
+    plan = make_plan(validate(scenario({"name": "topk", "c": 0.1, "error_feedback": True, "pull": "delta",
+                                        "local": {"steps": 20, "server_learning_rate": 0.5},
+                                        "aggregation": {"name": "fedavg", "sample": 4, "deadline": "30s"}})))
+    method = plan.method
+    assert method.local == {"steps": 20, "epochs": None}
+    assert method.aggregation == {"name": "fedavg", "params": {"sample": 4, "deadline_s": 30.0}}
+    assert method.to_json()["aggregation"]["name"] == "fedavg"
+    worker = method_config(method, None, plan.training["learning_rate"])
+    assert worker.local.steps == 20 and worker.local.learning_rate == 0.05  # the clients' step size is the training's
+    assert server_learning_rate(method, plan.training["learning_rate"]) == 0.5
+
+
+def test_a_federated_aggregation_without_local_trains_one_epoch_and_plain_plans_keep_their_form():
+    fed = make_plan(validate(scenario({"name": "asgd", "aggregation": {"name": "fedbuff", "buffer": 4}}))).method
+    assert fed.local == {"steps": None, "epochs": 1} and fed.server_learning_rate == 1.0
+    plain = make_plan(validate(scenario({"name": "adacomp"}))).method
+    assert not plain.federated and "aggregation" not in plain.to_json() and plain.local is None
+    assert method_config(plain).local is None
