@@ -424,7 +424,8 @@ class Emulation:
             payload_at_end=self.payload_at_end, egress_at_end=self.egress_at_end, net_marks=self.net_marks,
         )
         return summarize(self.state, read_jsonl(self.rundir.path / "events.jsonl"),
-                         read_jsonl(self.rundir.path / "rejections.jsonl"), facts)
+                         read_jsonl(self.rundir.path / "rejections.jsonl"), facts,
+                         read_jsonl(self.rundir.path / "rounds.jsonl"))
 
 
 def unemulated(mechanisms: dict[str, dict[str, str]], backend: str) -> list[str]:

@@ -177,16 +177,19 @@ class _Buffered(Aggregator):
         self.total = np.zeros(layout.total, np.float32)
         self._round: Round | None = None
         self._closed: list[Round] = []
+        self._last_close: float | None = None
 
     def _open(self, now: float) -> Round:
+        """The round under way; a new one starts where the previous closed (a buffer fills from then)."""
         if self._round is None:
-            self._round = Round(self.rounds + 1, now, now)
+            start = now if self._last_close is None else self._last_close
+            self._round = Round(self.rounds + 1, start, now)
         return self._round
 
     def _close(self, params, step: np.ndarray, worker: int, now: float, examples: int) -> Applied | None:
         round_, self._round = self._round, None
         self.rounds += 1
-        round_.closed = now
+        round_.closed = self._last_close = now
         round_.examples = examples
         applied = None
         try:

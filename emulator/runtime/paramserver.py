@@ -223,7 +223,8 @@ class ParameterServer:
         """Trace the aggregations the aggregator closed (under the lock), with the bytes both ways since the last."""
         for round_ in self.aggregator.closed():
             self.tel.record("rounds", **round_.as_record(), version=self.version,
-                            ingress_bytes=self._round_bytes["ingress_bytes"], egress_bytes=self._round_bytes["egress_bytes"])
+                            ingress_bytes=self._round_bytes["ingress_bytes"], egress_bytes=self._round_bytes["egress_bytes"],
+                            downlink_bytes=self._round_bytes["downlink_bytes"])
             self._round_bytes.clear()
             self.cond.notify_all()  # a new round may admit waiting workers
 
@@ -304,6 +305,7 @@ class ParameterServer:
             traffic = self._traffic[worker]
             traffic["egress_bytes"] += size
             self._round_bytes["egress_bytes"] += size
+            self._round_bytes["downlink_bytes"] += size if worker != protocol.NO_WORKER else 0  # to workers (not the evaluator)
             traffic["pull_bytes"] += size
             traffic["pulls"] += 1
             traffic["delta_pulls"] += bool(reply.flags & Flag.DELTA)
