@@ -9,7 +9,9 @@ aggregator's parameters. A federated aggregation without ``local`` trains one lo
 
 Checked before any device starts, each problem naming its field: a sample above the population,
 a zero deadline, a buffer larger than the number of clients, local steps with a rule that cannot
-take a model delta (AdaComp's per-coordinate staleness is defined for gradients).
+take a model delta (AdaComp's per-coordinate staleness is defined for gradients), and an
+aggregation other than ``per_push`` on several servers (``server.shards``: each would close its
+own rounds). Local steps with ``per_push`` split over shards as gradients do.
 """
 
 from __future__ import annotations
@@ -93,9 +95,14 @@ def resolve(local: LocalSpec | None, aggregation: AggregationSpec) -> Federated:
                      local.server_learning_rate)
 
 
-def check(local: LocalSpec | None, aggregation: AggregationSpec, rule: str, clients: int, pull_every: int) -> list[Problem]:
-    """Every problem with ``method.local`` and ``method.aggregation`` for a run of ``clients`` workers and ``rule``."""
+def check(local: LocalSpec | None, aggregation: AggregationSpec, rule: str, clients: int, pull_every: int,
+          servers: int = 1) -> list[Problem]:
+    """Every problem with ``method.local`` and ``method.aggregation`` for a run of ``clients`` workers,
+    ``servers`` servers and ``rule``."""
     problems = []
+    if aggregation.name != "per_push" and servers > 1:
+        # each server would sample, buffer and close rounds on its own: not one method any more
+        problems.append(Problem("method.aggregation.name", f"{aggregation.name} runs on one server; server.shards is {servers}"))
     cls = AGGREGATORS.get(aggregation.name)
     if cls is None and not plugins.is_reference(aggregation.name):
         return [Problem("method.aggregation.name", f"unknown aggregation {aggregation.name!r}; known: "

@@ -134,14 +134,14 @@ def rule_of(spec: MethodSection) -> str:
     return spec.rule or (preset.rule if preset else "plain")
 
 
-def check_method(spec: MethodSection, workers: int | None = None) -> list[Problem]:
+def check_method(spec: MethodSection, workers: int | None = None, servers: int = 1) -> list[Problem]:
     """Every problem with the method section, with paths like ``method.c``; with ``workers``, its
-    federated keys for a run of that many clients too."""
+    federated keys for a run of that many clients and ``servers`` servers too."""
     preset = PRESETS.get(spec.name)
     compressor = preset.compressor if preset else spec.name
     problems = []
     if workers is not None:
-        problems += federated.check(spec.local, spec.aggregation, rule_of(spec), workers, spec.pull.every)
+        problems += federated.check(spec.local, spec.aggregation, rule_of(spec), workers, spec.pull.every, servers)
     if spec.rule is not None and spec.rule not in RULES and not plugins.is_reference(spec.rule):
         problems.append(Problem("method.rule", f"unknown rule {spec.rule!r}; known: {', '.join(sorted(RULES))}, "
                                                "or your own: path/file.py:Class"))

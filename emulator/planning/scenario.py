@@ -597,7 +597,7 @@ def validate(data: dict, source: str = "") -> Scenario:
         scenario = Scenario.model_validate(data, context=validation_context(source))  # trace files: beside the scenario
     except ValidationError as exc:
         raise ScenarioError(problems_from(exc, root=Scenario), source) from None
-    problems = check_method(scenario.method, scenario.worker_count) + _check_names(scenario) + _check_targets(scenario)
+    problems = check_method(scenario.method, scenario.worker_count, scenario.server.shards) + _check_names(scenario) + _check_targets(scenario)
     if scenario.worker_count > MAX_WORKERS:
         problems.append(Problem("workers", f"{scenario.worker_count} workers in all; at most {MAX_WORKERS:,}"))
     if problems:

@@ -40,6 +40,13 @@ def test_bad_federated_input_names_its_field(method, field):
     assert any(p.startswith(field) for p in problems_of(scenario(method))), problems_of(scenario(method))
 
 
+def test_a_federated_aggregation_runs_on_one_server():
+    data = {**scenario({"name": "asgd", "aggregation": "fedbuff", "local": 5}), "server": {"shards": 2}}
+    assert any(p.startswith("method.aggregation.name: fedbuff runs on one server") for p in problems_of(data))
+    local_only = {**scenario({"name": "asgd", "local": 5}), "server": {"shards": 2}}
+    assert make_plan(validate(local_only)).method.local == {"steps": 5, "epochs": None}
+
+
 def test_bad_input_exits_2_naming_the_field(tmp_path):
     path = tmp_path / "fed.yaml"
     path.write_text(yaml.safe_dump(scenario({"name": "asgd", "aggregation": {"name": "fedavg", "sample": 20}})))
