@@ -74,3 +74,34 @@ def test_a_federated_aggregation_without_local_trains_one_epoch_and_plain_plans_
     plain = make_plan(validate(scenario({"name": "adacomp"}))).method
     assert not plain.federated and "aggregation" not in plain.to_json() and plain.local is None
     assert method_config(plain).local is None
+
+
+def test_a_users_aggregator_is_listed_bundled_and_checked(tmp_path):
+    from compression.layout import Layout, TensorSpec
+    from emulator.control import workload
+    from emulator.planning.workload import user_files
+
+    (tmp_path / "agg.py").write_text(
+        "from emulator.runtime.aggregation import Aggregator, AggregatorError\n"
+        "class Mine(Aggregator):\n"
+        "    name = 'mine'\n    takes_model_delta = True\n    PARAMS = {'k': int}\n"
+        "    def __init__(self, layout, rule, seed=0, k=1, **unknown):\n"
+        "        super().__init__(layout, rule, seed, **unknown)\n"
+        "        if k < 1:\n            raise AggregatorError('k', 'must be >= 1')\n"
+        "    def receive(self, params, coordinates, worker, staleness, examples, now):\n"
+        "        return self.rule.apply_coordinates(params, coordinates, worker, staleness)\n")
+    layout = Layout((TensorSpec("w", (3,)),))
+
+    def check(method):
+        data = scenario(method)
+        path = tmp_path / "s.yaml"
+        path.write_text(yaml.safe_dump(data))
+        from emulator.planning.loader import load_scenario
+        plan = make_plan(load_scenario(path)[0])
+        (file,) = [f for f in user_files(plan) if f.role == "aggregator"]
+        assert file.field == "method.aggregation.name" and file.path == str(tmp_path / "agg.py")
+        return [str(p) for p in workload._check_aggregator(file, plan, layout)]
+
+    assert check({"name": "asgd", "local": 3, "aggregation": {"name": "agg.py:Mine", "k": 2}}) == []
+    assert check({"name": "asgd", "local": 3, "aggregation": {"name": "agg.py:Mine", "k": 0}})[0].startswith("method.aggregation.name")
+    assert check({"name": "adacomp", "aggregation": {"name": "agg.py:Mine"}})[0].startswith("method.rule")

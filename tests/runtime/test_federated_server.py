@@ -125,3 +125,49 @@ def test_fedasync_mixes_each_arrival_in_at_once(harness):
     header, after = a.model()
     step = np.float32(0.5) * (theta - (theta - np.full(10, 1, np.float32)))
     assert header.t0 == 1 and after.tobytes() == (theta - np.float32(1.0) * step).tobytes()
+
+
+USER_AGGREGATOR = '''
+import numpy as np
+from emulator.runtime.aggregation import Aggregator
+
+
+class EveryOther(Aggregator):
+    """A user's aggregator: applies the sum of every two updates, halved, as one step."""
+
+    name = "every_other"
+    takes_model_delta = True
+    PARAMS = {"scale": float}
+
+    def __init__(self, layout, rule, seed=0, scale=0.5, **unknown):
+        super().__init__(layout, rule, seed, **unknown)
+        self.scale = np.float32(scale)
+        self.total = np.zeros(layout.total, np.float32)
+        self.count = 0
+
+    def receive(self, params, coordinates, worker, staleness, examples, now):
+        for target, values in coordinates:
+            self.total[target] += values
+        self.count += 1
+        if self.count < 2:
+            return None
+        step, self.count = self.scale * self.total, 0
+        self.total[:] = 0
+        return self.rule.apply_coordinates(params, [(slice(0, self.layout.total), step)], worker, 0)
+'''
+
+
+def test_a_users_aggregator_runs_in_the_server_as_the_built_ins_do(harness, tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text(USER_AGGREGATOR)
+    h = harness(rule="plain", learning_rate=1.0, aggregation=f"{path}:EveryOther", aggregation_params={"scale": 0.25})
+    h.start()
+    a = client(h, 0, 1)
+    a.pull()
+    _, theta = a.model()
+    a.push(delta(1.0), t0=0)
+    assert a.model()[0].t0 == 0  # held
+    a.push(delta(3.0), t0=0)
+    header, after = a.model()
+    assert header.t0 == 1
+    assert after.tobytes() == (theta - np.float32(1.0) * (np.float32(0.25) * np.full(10, 4, np.float32))).tobytes()
