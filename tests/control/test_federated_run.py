@@ -51,3 +51,20 @@ def test_the_summary_of_rounds():
         "count": 2, "applied": 2, "mean_duration_s": 2.0, "max_duration_s": 3.0, "mean_sampled": 3.0,
         "mean_participants": 2.5, "stragglers_dropped": 1, "up_bytes_per_round": 250.0, "down_bytes_per_round": 500.0,
         "egress_bytes_per_round": 800.0}
+
+
+@pytest.mark.slow
+def test_fedavg_drops_a_paused_client_at_the_deadline_and_takes_it_back(tmp_path):
+    """Worker 0 is paused for 8 s: the rounds of those seconds close at their 3 s deadline without
+    it (dropped, counted), its update that comes late is refused, and it is sampled again after."""
+    method = ("{name: topk, c: 0.1, error_feedback: true, rule: plain, pull: delta, local: {steps: 10}, "
+              "aggregation: {name: fedavg, sample: 4, deadline: 3s}}")
+    summary, run = run_scenario(SCENARIOS / "quickstart.yaml", tmp_path, check_fidelity=False,
+                                overrides=[f"method={method}", "training.max_updates=10", "training.learning_rate=0.05",
+                                           "faults={at: [{time: 3s, pause: [0], for: 8s}]}"])
+    assert summary["status"] == "completed" and summary["faults"] == {"pause": 1, "resume": 1}
+    rounds = read_jsonl(run / "rounds.jsonl")
+    dropped = [r for r in rounds if r["dropped"]]
+    assert dropped and all(r["dropped_workers"] == [0] and r["duration_s"] >= 3.0 for r in dropped)
+    assert summary["rounds"]["stragglers_dropped"] == sum(r["dropped"] for r in rounds) >= 1
+    assert rounds[-1]["participants"] == 4  # back in after its pause
