@@ -164,6 +164,15 @@ class PerPush(Aggregator):
         return self.rule.apply_flat(params, indices, values, worker, staleness)  # the rule's compiled loop where it has one
 
 
+def changed(step: np.ndarray) -> Coordinates:
+    """A whole-model step as coordinates where it is not zero: the model is the same (``x - 0`` is
+    ``x``), and the server's change log, hence a delta pull, sees only the coordinates that moved."""
+    where = np.flatnonzero(step)
+    if where.size == step.size:
+        return [(slice(0, step.size), step)]
+    return [(where, step[where])] if where.size else []
+
+
 def _accumulate(total: np.ndarray, coordinates: Coordinates, weight: np.float32) -> None:
     for target, values in coordinates:
         total[target] += weight * values
@@ -194,7 +203,7 @@ class _Buffered(Aggregator):
         applied = None
         try:
             if round_.participants:
-                applied = self.rule.apply_coordinates(params, [(slice(0, self.layout.total), step)], worker, 0)
+                applied = self.rule.apply_coordinates(params, changed(step), worker, 0)
                 round_.applied = True
         finally:
             self.total[:] = 0
@@ -284,7 +293,7 @@ class FedAsync(Aggregator):
             client[target] -= values
         mix = np.float32(self.alpha * staleness_weight(self.kind, staleness, self.a, self.b))
         step = mix * (params - client)
-        applied = self.rule.apply_coordinates(params, [(slice(0, self.layout.total), step)], worker, 0)
+        applied = self.rule.apply_coordinates(params, changed(step), worker, 0)
         self.rounds += 1
         self._closed.append(Round(self.rounds, now, now, [worker], [worker], [], examples, True))
         return applied
@@ -427,4 +436,4 @@ def build(name: str, layout: Layout, rule: UpdateRule, seed: int, params: dict) 
 
 
 __all__ = ["Aggregator", "AggregatorError", "Round", "PerPush", "FedBuff", "FedAsync", "FedAvg", "AGGREGATORS",
-           "STALENESS", "staleness_weight", "lookup", "build"]
+           "STALENESS", "staleness_weight", "changed", "lookup", "build"]

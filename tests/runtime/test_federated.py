@@ -260,3 +260,17 @@ def test_fedavg_closes_a_round_whose_other_sampled_clients_left():
     assert agg.due(params, 2.0) is not None
     (record,) = agg.closed()
     assert record.participants == [0] and record.dropped == [1, 2]
+
+
+def test_an_aggregated_step_touches_only_the_coordinates_that_move():
+    """So that the server's change log, and a delta pull, carry only them: FedBuff over two sparse deltas."""
+    rule = rules.build("plain", LAYOUT, 1.0)
+    agg = FedBuff(LAYOUT, rule, buffer=2, staleness="constant")
+    params = initial()
+    first = [SparsePart(np.array([1, 4], np.int64), np.ones(2, np.float32)), SparsePart(np.zeros(0, np.int64), np.zeros(0, np.float32))]
+    second = [SparsePart(np.array([4], np.int64), np.ones(1, np.float32)), SparsePart(np.array([2], np.int64), np.ones(1, np.float32))]
+    assert agg.receive(params, rule.coordinates(first), 0, 0, 1, 0.0) is None
+    applied = agg.receive(params, rule.coordinates(second), 1, 0, 1, 0.0)
+    (target,) = applied.targets
+    assert target.tolist() == [1, 4, 22] and applied.entries == 3
+    assert np.flatnonzero(params != initial()).tolist() == [1, 4, 22]
