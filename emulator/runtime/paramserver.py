@@ -141,6 +141,15 @@ class ParameterServer:
             self.finish("stopped by controller")
         elif cmd == "shape":
             self.shaper.update(command.get("transport", {}))
+        elif cmd == "availability":  # a worker paused or resumed (an availability trace): whom a round may sample
+            worker = command.get("worker")
+            if isinstance(worker, int) and not isinstance(worker, bool):
+                with self.cond:
+                    if command.get("available"):
+                        self.aggregator.join(worker)
+                    else:
+                        self.aggregator.forget(worker)
+                    self.cond.notify_all()
 
     def reject(self, reason: str, worker: int, detail: str = "") -> None:
         with self.cond:  # called from many connection threads, some outside the lock

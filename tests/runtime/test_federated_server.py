@@ -171,3 +171,24 @@ def test_a_users_aggregator_runs_in_the_server_as_the_built_ins_do(harness, tmp_
     header, after = a.model()
     assert header.t0 == 1
     assert after.tobytes() == (theta - np.float32(1.0) * (np.float32(0.25) * np.full(10, 4, np.float32))).tobytes()
+
+
+def test_an_unavailable_client_is_not_sampled_and_a_round_does_not_wait_for_it(harness):
+    """The controller says a worker paused (an availability trace's offline spell): the open round
+    closes without it at once, and the next rounds sample among the others until it is back."""
+    h = harness(rule="plain", learning_rate=1.0, aggregation="fedavg", aggregation_params={"sample": 3, "deadline_s": 60.0})
+    threading.Thread(target=h.server.tick, daemon=True).start()
+    clients = [client(h, w, 5) for w in range(3)]
+    h.start()
+    for c in clients:
+        c.pull()
+        assert c.model()[0].t0 == 0
+    clients[0].push(delta(1.0), t0=0)
+    clients[1].push(delta(1.0), t0=0)
+    h.server.control({"cmd": "availability", "worker": 2, "available": False})
+    assert clients[0].model()[0].t0 == 1  # round 1 closed without worker 2, long before its deadline
+    assert clients[1].model()[0].t0 == 1
+    h.server.control({"cmd": "availability", "worker": 2, "available": True})
+    rounds = h.tel.stream("rounds")
+    assert [(r["sampled"], r["participants"], r["dropped_workers"]) for r in rounds] == [(3, 2, [2])]
+    assert h.server.aggregator._round.sampled == [0, 1]  # round 2 was drawn while worker 2 was away
