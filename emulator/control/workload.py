@@ -143,7 +143,7 @@ def _check_aggregator(file: UserFile, plan: Plan, layout: Layout) -> list[Proble
 
 
 def contract_check(ref: str, params: dict | None = None, layout: Layout | None = None) -> tuple[str, list[contract.Verdict]]:
-    """Run the contract suite on the user's compressor or update rule ``ref`` names: (its kind, the verdicts).
+    """Run the contract suite on the user's compressor, update rule or aggregator ``ref`` names: (its kind, the verdicts).
 
     ``params``: the compressor's parameters (default its own); ``layout``: the model it will compress
     (default a small convolution and dense layer). PluginError if ``ref`` names neither."""
@@ -159,7 +159,9 @@ def contract_check(ref: str, params: dict | None = None, layout: Layout | None =
         if params:
             raise plugins.PluginError(f"{ref}: an update rule takes no parameters (got {sorted(params)})")
         return "rule", contract.check_rule(rules.lookup(ref), layout)
-    raise plugins.PluginError(f"{ref}: is {target!r}: neither a compression.Compressor nor an UpdateRule subclass "
+    if isinstance(target, type) and issubclass(target, aggregation.Aggregator):
+        return "aggregator", contract.check_aggregator(aggregation.lookup(ref), params, layout)
+    raise plugins.PluginError(f"{ref}: is {target!r}: neither a compression.Compressor, an UpdateRule nor an Aggregator subclass "
                               "(a model is checked with its data set: emulate check SCENARIO.yaml)")
 
 
@@ -171,6 +173,8 @@ def scenario_check(plan: Plan, files: list[UserFile], layout: Layout) -> list[tu
             out.append((file, contract_check(file.reference, plan.method.params, layout)[1]))
         elif file.role == "rule":
             out.append((file, contract_check(file.reference, None, layout)[1]))
+        elif file.role == "aggregator":
+            out.append((file, contract_check(file.reference, plan.method.aggregation["params"], layout)[1]))
     return out
 
 

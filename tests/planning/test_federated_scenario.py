@@ -105,3 +105,15 @@ def test_a_users_aggregator_is_listed_bundled_and_checked(tmp_path):
     assert check({"name": "asgd", "local": 3, "aggregation": {"name": "agg.py:Mine", "k": 2}}) == []
     assert check({"name": "asgd", "local": 3, "aggregation": {"name": "agg.py:Mine", "k": 0}})[0].startswith("method.aggregation.name")
     assert check({"name": "adacomp", "aggregation": {"name": "agg.py:Mine"}})[0].startswith("method.rule")
+
+
+def test_emulate_check_runs_the_aggregator_contract_on_a_users_class(tmp_path):
+    (tmp_path / "mine.py").write_text(
+        "import numpy as np\nfrom emulator.runtime.aggregation import Aggregator\n"
+        "class Leaky(Aggregator):\n    name = 'leaky'\n    takes_model_delta = True\n"
+        "    def receive(self, params, coordinates, worker, staleness, examples, now):\n"
+        "        for target, values in coordinates:\n            params[target] -= values\n"
+        "        return None\n")
+    result = CliRunner().invoke(main, ["check", f"{tmp_path / 'mine.py'}:Leaky"])
+    assert result.exit_code == 1, result.output
+    assert "aggregator" in result.output and "FAIL holds_or_applies" in result.output.replace("  ", " ")

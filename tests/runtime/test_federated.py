@@ -274,3 +274,30 @@ def test_an_aggregated_step_touches_only_the_coordinates_that_move():
     (target,) = applied.targets
     assert target.tolist() == [1, 4, 22] and applied.entries == 3
     assert np.flatnonzero(params != initial()).tolist() == [1, 4, 22]
+
+
+@pytest.mark.parametrize("name", sorted(aggregation.AGGREGATORS))
+def test_every_built_in_aggregator_keeps_the_contract(name):
+    """The suite ``emulate check agg.py:Mine`` runs on a user's aggregator, on each built-in."""
+    from emulator.runtime import contract
+
+    verdicts = contract.check_aggregator(aggregation.AGGREGATORS[name], {"sample": 3, "deadline_s": 0.9} if name == "fedavg" else {})
+    assert [v.check for v in verdicts] == list(contract.AGGREGATOR_CHECKS)
+    assert {v.check: v.detail for v in verdicts if not v.ok} == {}
+
+
+def test_the_aggregator_contract_catches_a_broken_one():
+    from emulator.runtime import contract
+
+    class Sneaky(PerPush):
+        """Holds every update, but writes half of it into the model anyway."""
+
+        name = "sneaky"
+
+        def receive(self, params, coordinates, worker, staleness, examples, now):
+            for target, values in coordinates:
+                params[target] -= np.float32(0.5) * values
+            return None
+
+    failed = {v.check for v in contract.check_aggregator(Sneaky) if not v.ok}
+    assert failed == {"holds_or_applies"}
