@@ -85,14 +85,17 @@ class Federated:
                 "server_learning_rate": self.server_learning_rate}
 
 
-def resolve(local: LocalSpec | None, aggregation: AggregationSpec) -> Federated:
-    """The keys as the plan keeps them; a federated aggregation without ``local`` trains one epoch per push."""
-    if local is None and aggregation.name in AGGREGATORS and AGGREGATORS[aggregation.name].takes_model_delta:
+def resolve(local: LocalSpec | None, aggregation: AggregationSpec, clients: int | None = None) -> Federated:
+    """The keys as the plan keeps them: a federated aggregation without ``local`` trains one epoch per
+    push; with ``clients``, a built-in's defaults that depend on them are filled in (FedBuff's buffer,
+    FedAvg's sample: 10, or every client when fewer)."""
+    cls = AGGREGATORS.get(aggregation.name)
+    params = aggregation.params if cls is None or clients is None else cls.defaults(aggregation.params, clients)
+    if local is None and cls is not None and cls.takes_model_delta:
         local = LocalSpec(epochs=1)
     if local is None:
-        return Federated(None, aggregation.name, aggregation.params, None)
-    return Federated({"steps": local.steps, "epochs": local.epochs}, aggregation.name, aggregation.params,
-                     local.server_learning_rate)
+        return Federated(None, aggregation.name, params, None)
+    return Federated({"steps": local.steps, "epochs": local.epochs}, aggregation.name, params, local.server_learning_rate)
 
 
 def check(local: LocalSpec | None, aggregation: AggregationSpec, rule: str, clients: int, pull_every: int,

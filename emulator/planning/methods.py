@@ -106,7 +106,7 @@ def known_methods() -> list[str]:
     return sorted(set(PRESETS) | set(COMPRESSORS))
 
 
-def resolve(spec: MethodSection) -> ResolvedMethod:
+def resolve(spec: MethodSection, workers: int | None = None) -> ResolvedMethod:
     """Preset or compressor name -> compressor, its validated parameters, and the server rule.
 
     A user's compressor (``file.py:Class``) keeps its parameters as written: planning imports no user
@@ -122,7 +122,7 @@ def resolve(spec: MethodSection) -> ResolvedMethod:
     rule = rule_of(spec)
     if rule not in RULES and not plugins.is_reference(rule):
         raise ValueError(f"unknown rule {rule!r}; known: {', '.join(sorted(RULES))}")
-    fed = federated.resolve(spec.local, spec.aggregation)
+    fed = federated.resolve(spec.local, spec.aggregation, workers)
     return ResolvedMethod(spec.name, compressor, params, rule, spec.error_feedback, spec.wire.model_dump(), spec.pull.model_dump(),
                           local=fed.local, aggregation={"name": fed.aggregation, "params": fed.params},
                           server_learning_rate=fed.server_learning_rate)

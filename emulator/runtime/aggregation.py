@@ -116,6 +116,11 @@ class Aggregator(ABC):
         """What is wrong with ``params`` for a run of ``clients`` workers, before any device starts."""
         return []
 
+    @classmethod
+    def defaults(cls, params: dict, clients: int) -> dict:
+        """``params`` with the defaults that depend on the number of clients filled in (the plan records them)."""
+        return dict(params)
+
     def join(self, worker: int) -> None:
         """``worker`` connected (its HELLO): it is available from now until :meth:`forget`."""
 
@@ -229,9 +234,13 @@ class FedBuff(_Buffered):
         self.examples = 0
 
     @classmethod
+    def defaults(cls, params, clients):
+        return {"buffer": min(10, clients), **params}  # K = 10 as its authors', or every client when fewer
+
+    @classmethod
     def problems(cls, params, clients):
         out = []
-        buffer = params.get("buffer", 10)
+        buffer = params.get("buffer", min(10, clients))
         if not isinstance(buffer, int) or buffer < 1:
             out.append(AggregatorError("buffer", f"{buffer!r} is not a whole number >= 1"))
         elif buffer > clients:
@@ -325,9 +334,13 @@ class FedAvg(_Buffered):
         self.late = 0  # updates dropped for arriving after their round closed
 
     @classmethod
+    def defaults(cls, params, clients):
+        return {"sample": min(10, clients), **params}  # 10 clients a round, or every client when fewer
+
+    @classmethod
     def problems(cls, params, clients):
         out = []
-        sample = params.get("sample", 10)
+        sample = params.get("sample", min(10, clients))
         if not isinstance(sample, int) or sample < 1:
             out.append(AggregatorError("sample", f"{sample!r} is not a whole number >= 1"))
         elif sample > clients:

@@ -61,16 +61,24 @@ def test_the_plan_carries_local_steps_and_the_aggregation_to_the_devices():
                                         "aggregation": {"name": "fedavg", "sample": 4, "deadline": "30s"}})))
     method = plan.method
     assert method.local == {"steps": 20, "epochs": None}
-    assert method.aggregation == {"name": "fedavg", "params": {"sample": 4, "deadline_s": 30.0}}
+    assert method.aggregation == {"name": "fedavg", "params": {"sample": 4, "deadline_s": 30.0}}  # as given
     assert method.to_json()["aggregation"]["name"] == "fedavg"
     worker = method_config(method, None, plan.training["learning_rate"])
     assert worker.local.steps == 20 and worker.local.learning_rate == 0.05  # the clients' step size is the training's
     assert server_learning_rate(method, plan.training["learning_rate"]) == 0.5
 
 
+def test_defaults_that_depend_on_the_clients_are_filled_in_and_recorded():
+    small = make_plan(validate(scenario({"name": "asgd", "aggregation": "fedavg"}, workers=4))).method
+    assert small.aggregation == {"name": "fedavg", "params": {"sample": 4}}  # not 10 of 4: every client
+    large = make_plan(validate(scenario({"name": "asgd", "aggregation": "fedbuff"}, workers=64))).method
+    assert large.aggregation == {"name": "fedbuff", "params": {"buffer": 10}}
+
+
 def test_a_federated_aggregation_without_local_trains_one_epoch_and_plain_plans_keep_their_form():
     fed = make_plan(validate(scenario({"name": "asgd", "aggregation": {"name": "fedbuff", "buffer": 4}}))).method
     assert fed.local == {"steps": None, "epochs": 1} and fed.server_learning_rate == 1.0
+    assert fed.aggregation["params"] == {"buffer": 4}
     plain = make_plan(validate(scenario({"name": "adacomp"}))).method
     assert not plain.federated and "aggregation" not in plain.to_json() and plain.local is None
     assert method_config(plain).local is None
