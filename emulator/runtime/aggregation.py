@@ -3,7 +3,7 @@
 An :class:`Aggregator` sits between the decoded push and the update rule (:mod:`.rules`). It is
 asked three things, all under the server's lock:
 
-``join(worker)``            a client connected: available (``forget(worker)``: gone)
+``join(worker)``            a client connected (``forget(worker)``: gone; ``available``: paused or back)
 ``admit(worker, now)``      may this worker take the model and train now? (a round's sample)
 ``receive(params, ...)``    an update arrived: apply something now (an :class:`~.rules.Applied`,
                             the server's version moves on) or hold it (``None``)
@@ -123,6 +123,9 @@ class Aggregator(ABC):
 
     def join(self, worker: int) -> None:
         """``worker`` connected (its HELLO): it is available from now until :meth:`forget`."""
+
+    def available(self, worker: int, available: bool) -> None:
+        """``worker`` went offline (paused: an availability trace's spell) or came back, still connected."""
 
     def admit(self, worker: int, now: float) -> bool:
         """May ``worker`` take the model and train on it now? (False: its pull waits.)"""
@@ -297,7 +300,10 @@ class FedAsync(Aggregator):
         self.pulled.pop(worker, None)
 
     def receive(self, params, coordinates, worker, staleness, examples, now):
-        client = self.pulled[worker].copy()
+        pulled = self.pulled.get(worker)
+        if pulled is None:
+            raise RuleError("no_pull", f"worker {worker} pushed without having pulled the model")
+        client = pulled.copy()
         for target, values in coordinates:
             client[target] -= values
         mix = np.float32(self.alpha * staleness_weight(self.kind, staleness, self.a, self.b))
@@ -363,6 +369,12 @@ class FedAvg(_Buffered):
 
     def join(self, worker):
         self.connected.add(worker)
+
+    def available(self, worker, available):
+        if available:
+            self.join(worker)
+        else:
+            self.forget(worker)
 
     def admit(self, worker, now):
         if self._round is None:

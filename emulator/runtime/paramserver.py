@@ -145,10 +145,7 @@ class ParameterServer:
             worker = command.get("worker")
             if isinstance(worker, int) and not isinstance(worker, bool):
                 with self.cond:
-                    if command.get("available"):
-                        self.aggregator.join(worker)
-                    else:
-                        self.aggregator.forget(worker)
+                    self.aggregator.available(worker, bool(command.get("available")))
                     self.cond.notify_all()
 
     def reject(self, reason: str, worker: int, detail: str = "") -> None:

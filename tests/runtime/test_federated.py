@@ -301,3 +301,15 @@ def test_the_aggregator_contract_catches_a_broken_one():
 
     failed = {v.check for v in contract.check_aggregator(Sneaky) if not v.ok}
     assert failed == {"holds_or_applies"}
+
+
+def test_fedasync_keeps_a_paused_clients_copy_and_refuses_a_push_without_a_pull():
+    rule = rules.build("plain", LAYOUT, 1.0)
+    agg = FedAsync(LAYOUT, rule, alpha=0.5, staleness="constant")
+    params = initial()
+    agg.on_pull(0, 0, params)
+    agg.available(0, False)  # paused, still connected: its update may yet come
+    agg.available(0, True)
+    assert agg.receive(params, rule.coordinates(delta_parts(np.random.default_rng(1), True)), 0, 0, 1, 0.0) is not None
+    with pytest.raises(rules.RuleError, match="no_pull"):
+        agg.receive(params, rule.coordinates(delta_parts(np.random.default_rng(2), True)), 1, 0, 1, 0.0)
