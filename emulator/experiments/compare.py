@@ -342,7 +342,8 @@ def summarize_run(run_dir: Path, label: str) -> dict:
         "down_bytes_per_update": summary.get("down_bytes_per_update"),
         "two_way_bytes_per_update": summary.get("two_way_bytes_per_update"),
         **server_shares(summary),
-        "rounds": summary.get("rounds"),  # a federated run's aggregations (summary.summary_of_rounds); None otherwise
+        # a federated run's aggregations (summary.summary_of_rounds); absent otherwise, so other rows and records keep their form
+        **({"rounds": summary["rounds"]} if summary.get("rounds") else {}),
         "compress_overhead": compress_overhead(read_jsonl(run_dir / "steps.jsonl")),
         "curve": (curve := accuracy_curve(updates, read_jsonl(run_dir / "accuracy.jsonl"), training_start(run_dir, summary))),
         "final_accuracy_last_k": last_k_accuracy(curve),
