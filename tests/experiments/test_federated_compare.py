@@ -33,3 +33,19 @@ def test_the_rounds_table_lists_the_federated_runs_only():
 def test_a_long_run_id_still_names_a_zygote_socket():
     address = zygote_address("03-" + "x" * 200, 12345)
     assert len(address.encode()) <= 107 and address != zygote_address("03-" + "x" * 199, 12345)
+
+
+def test_the_federated_experiment_plans_at_the_paper_profiles_scale():
+    """Defined, not run here: its comparison plans on the paper's methods scenario at 64 devices (every
+    method spec valid), and the budget counts its runs."""
+    from emulator.experiments.paper.claims import budget
+    from emulator.experiments.paper.profiles import LINKS, PAPER, PROFILES
+
+    profile = PROFILES["paper"]
+    for link in profile.federated_links:
+        runs = plan_comparison(PAPER / "methods.yaml", list(profile.federated_methods),
+                               [*profile.overrides("federated", "mnist-5k"), *LINKS[link][1]], repeat=profile.federated_repeat)
+        assert len(runs) == len(profile.federated_methods) * profile.federated_repeat
+    rows = {name: runs for name, runs, _ in budget(profile)}
+    assert rows["federated"] == 2 * 6 * 3
+    assert budget(PROFILES["smoke"])[-1] == ("federated", 0, 0.0)
