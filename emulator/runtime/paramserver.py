@@ -105,6 +105,9 @@ class ParameterServer:
             if restored is not None:
                 self.version, self.params, state = restored
                 self.rule.load_state(state)
+                # rounds go on numbered from the version (a checkpoint is taken right after a server step, when no
+                # delta is held: what the aggregator held after it is lost with the crash, as updates after it are)
+                self.aggregator.rounds = self.version
                 self.training.set()  # a restarted server resumes training at once
                 self.tel.event("restored", version=self.version, version_at_crash=at_crash,
                                lost=max(0, at_crash - self.version))

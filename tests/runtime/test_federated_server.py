@@ -192,3 +192,29 @@ def test_an_unavailable_client_is_not_sampled_and_a_round_does_not_wait_for_it(h
     rounds = h.tel.stream("rounds")
     assert [(r["sampled"], r["participants"], r["dropped_workers"]) for r in rounds] == [(3, 2, [2])]
     assert h.server.aggregator._round.sampled == [0, 1]  # round 2 was drawn while worker 2 was away
+
+
+def test_a_restored_server_numbers_its_rounds_on_from_the_checkpoint(harness, tmp_path):
+    import time
+
+    from emulator.runtime import checkpoint
+    from emulator.runtime.config import CheckpointConfig
+
+    ckpt = CheckpointConfig(dir=str(tmp_path), every_updates=1, every_s=None)
+    fed = {"rule": "plain", "learning_rate": 1.0, "aggregation": "fedbuff", "aggregation_params": {"buffer": 1},
+           "checkpoint": ckpt}
+    h = harness(**fed)
+    h.start()
+    a = client(h, 0, 1)
+    a.pull()
+    a.model()
+    for _ in range(3):
+        a.push(delta(1.0), t0=h.server.version)
+        a.model()
+    deadline = time.monotonic() + TIMEOUT
+    while checkpoint.load(str(tmp_path)) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)  # a checkpoint still being written finishes
+    saved = checkpoint.load(str(tmp_path))[0]
+    again = harness(**fed)  # the restarted server
+    assert saved >= 1 and again.server.version == saved and again.server.aggregator.rounds == saved
