@@ -1,7 +1,7 @@
 """What the parameter server does with arriving updates, by aggregation name: the seam of federated methods.
 
-An :class:`Aggregator` sits between the decoded push and the update rule (:mod:`.rules`). It is
-asked three things, all under the server's lock:
+An :class:`Aggregator` sits between the decoded push and the update rule (:mod:`.rules`). The
+server tells it and asks it, always under its lock:
 
 ``join(worker)``            a client connected (``forget(worker)``: gone; ``available``: paused or back)
 ``admit(worker, now)``      may this worker take the model and train now? (a round's sample)
@@ -9,7 +9,8 @@ asked three things, all under the server's lock:
                             the server's version moves on) or hold it (``None``)
 ``due(params, now)``        the clock moved: close a round whose deadline passed
 
-and reports each aggregation it closes as a :class:`Round` (who took part, who was dropped).
+and takes each aggregation it closed (``closed()``) as a :class:`Round` (who took part, who was
+dropped) for the ``rounds`` trace.
 
 ``per_push``  every update through the rule at once: ASGD, AdaComp and every compressor's path
 ``fedbuff``   the staleness-weighted mean of ``buffer`` deltas, then one rule step (Nguyen et al., AISTATS 2022)
@@ -410,9 +411,9 @@ class FedAvg(_Buffered):
                 self._start(now)
             return None
         if self.deadline_s is not None and now - round_.started >= self.deadline_s:
-            return self._finish(params, protocol_worker(round_), now)
+            return self._finish(params, _named_worker(round_), now)
         if self.chosen and self.chosen <= set(self.deltas) | self.lost:  # the rest of the sample is gone
-            return self._finish(params, protocol_worker(round_), now)
+            return self._finish(params, _named_worker(round_), now)
         return None
 
     def waiting(self):
@@ -436,7 +437,7 @@ class FedAvg(_Buffered):
         return applied
 
 
-def protocol_worker(round_: Round) -> int:
+def _named_worker(round_: Round) -> int:
     """The worker to name in the rule's call for a step closed by the clock (the rules that take deltas ignore it)."""
     return round_.sampled[0] if round_.sampled else 0
 
