@@ -151,10 +151,6 @@ class Aggregator(ABC):
         """The aggregations closed since the last call (the server records them)."""
         return []
 
-    def waiting(self) -> float | None:
-        """Seconds until :meth:`due` may have something to do (None: never by itself)."""
-        return None
-
     def receive_flat(self, params: np.ndarray, indices: np.ndarray, values: np.ndarray, worker: int, staleness: int,
                      examples: int, now: float) -> Applied | None:
         """:meth:`receive` of an update given as ascending flat indices and their values (the codec's compiled shortcut)."""
@@ -415,9 +411,6 @@ class FedAvg(_Buffered):
         if self.chosen and self.chosen <= set(self.deltas) | self.lost:  # the rest of the sample is gone
             return self._finish(params, _named_worker(round_), now)
         return None
-
-    def waiting(self):
-        return self.deadline_s
 
     def _finish(self, params, worker, now) -> Applied | None:
         round_ = self._round

@@ -466,7 +466,8 @@ class ParameterServer:
                        kernels=self.kernels,
                        **({} if self.partition.shards == 1 else {"shard": self.cfg.shard, "shards": self.partition.shards}))
         threading.Thread(target=self.report_traffic, daemon=True, name="traffic").start()
-        threading.Thread(target=self.tick, daemon=True, name="rounds").start()
+        if type(self.aggregator).due is not aggregation.Aggregator.due:  # only an aggregator with a clock (FedAvg's deadlines)
+            threading.Thread(target=self.tick, daemon=True, name="rounds").start()
         while True:
             sock, peer = listener.accept()
             tune(sock)
