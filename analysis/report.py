@@ -161,7 +161,8 @@ def _details(run: Run) -> list[list[str]]:
         ("dataset", s.get("dataset") or plan.get("dataset", {}).get("name")),
         ("method", f"{method.get('name')}: compressor {method.get('compressor')}"
          + "".join(f", {k}={v}" for k, v in (method.get("params") or {}).items()) + f", rule {method.get('rule')}"
-         + (", error feedback" if method.get("error_feedback") else "") if method else None),
+         + (", error feedback" if method.get("error_feedback") else "") + _federated(method) if method else None),
+        ("rounds", _rounds(s.get("rounds"))),
         ("seed", s.get("seed", plan.get("seed"))),
         ("parameters", _fmt(s.get("parameters"), "count") if s.get("parameters") else None),
         ("boot before training", _fmt(s.get("boot_s"), "seconds") if s.get("boot_s") is not None else None),
@@ -173,6 +174,27 @@ def _details(run: Run) -> list[list[str]]:
         ("error", s.get("error")),
     ]
     return [[k, str(v)] for k, v in items if v not in (None, "", "None")]
+
+
+def _federated(method: dict) -> str:
+    """``, local steps 10, aggregation fedavg (sample=3, deadline_s=20.0)``; empty for a parameter-server method."""
+    local, aggregation = method.get("local"), method.get("aggregation") or {}
+    words = ""
+    if local:
+        words += f", local {'steps ' + str(local['steps']) if local.get('steps') else 'epochs ' + str(local.get('epochs'))}"
+    if aggregation.get("name") not in (None, "per_push"):
+        params = ", ".join(f"{k}={v}" for k, v in (aggregation.get("params") or {}).items())
+        words += f", aggregation {aggregation['name']}" + (f" ({params})" if params else "")
+    return words
+
+
+def _rounds(rounds: dict | None) -> str | None:
+    """A federated run's rounds in one line (summary.json's ``rounds``)."""
+    if not rounds:
+        return None
+    return (f"{rounds['count']:,}: mean {rounds.get('mean_duration_s')} s, {rounds.get('mean_participants')} participants, "
+            f"{rounds.get('stragglers_dropped', 0)} stragglers dropped; {_fmt(rounds.get('up_bytes_per_round'), 'bytes')} up, "
+            f"{_fmt(rounds.get('down_bytes_per_round'), 'bytes')} down per round")
 
 
 def _device_maps(plan: dict) -> tuple[dict, dict, dict]:

@@ -378,7 +378,8 @@ BASES = [MINIMAL, FULL_BASE,
          {**FULL_BASE, "faults": {"at": [{"time": 1, "link": {"delay": "10ms"}}]}},
          {**FULL_BASE, "faults": {"at": [{"time": 1, "crash": 0}]}},
          *({**MINIMAL, "workers": [{"traces": {kind: str(Path(__file__).resolve().parents[1] / "scenarios" / "traces" / name)}}]}
-           for kind, name in (("availability", "phones-availability.csv"), ("population", "population.csv")))]
+           for kind, name in (("availability", "phones-availability.csv"), ("population", "population.csv"))),
+         *({**MINIMAL, "method": {"name": "asgd", "local": local}} for local in ({"steps": 2}, {"epochs": 1}))]  # local steps
 
 
 def schema_defaults(schema: dict, node: dict, path: tuple = (), needs: tuple = ()):

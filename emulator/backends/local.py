@@ -11,6 +11,7 @@ each device as a fresh interpreter instead.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import select
@@ -31,6 +32,14 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 ZYGOTE_ENV = "EDGE_EMULATOR_ZYGOTE"
+
+
+def zygote_address(run_id: str, pid: int) -> str:
+    """The zygote's abstract socket (no file): its name, like a path, holds at most 107 bytes, so a long
+    run id (a comparison's method label) is cut and made unique by its digest."""
+    if len(run_id) > 48:
+        run_id = f"{run_id[:32]}-{hashlib.sha256(run_id.encode()).hexdigest()[:12]}"
+    return f"@edge-emulator-zygote-{run_id}-{pid}"
 
 
 class DeviceProcess:
@@ -113,7 +122,7 @@ class LocalBackend(Backend):
             from emulator.runtime.zygote import ZygoteClient
 
             started = time.monotonic()
-            address = f"@edge-emulator-zygote-{ctx.run_id}-{os.getpid()}"  # abstract: no path-length limit, no file
+            address = zygote_address(ctx.run_id, os.getpid())
             self.zygote = ZygoteClient(address, str(Path(ctx.run_dir) / "logs" / "zygote.log"), self._env(), ctx.run_dir,
                                        user_files=[f"{ctx.workload_dir}/{name}" for name in ctx.preload])
             self.say(f"local: TensorFlow loaded once in a zygote ({time.monotonic() - started:.1f}s); devices are forked from it")

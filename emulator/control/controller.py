@@ -32,7 +32,7 @@ from emulator.planning.plan import DevicePlan, Plan
 from emulator.control.rundir import RunDirectory, read_jsonl
 from emulator.control.runstate import LiveState, Progress
 from emulator.planning.workload import user_files
-from emulator.runtime.config import (CheckpointConfig, DeviceConfig, EvaluatorConfig, LinkConfig, MethodConfig, PullConfig,
+from emulator.runtime.config import (CheckpointConfig, DeviceConfig, EvaluatorConfig, LinkConfig, LocalConfig, MethodConfig, PullConfig,
                                      ServerConfig, WireConfig, WorkerConfig)
 from emulator.control.summary import RunFacts, summarize
 from emulator.planning.units import format_duration
@@ -116,7 +116,10 @@ class Emulation:
             shard = {"partition": plan.partition, "shard": device.index} if sharded else {}
             return ServerConfig(**common, seed=plan.seed, bind=ep.bind_of(device.name), layout=self.layout.to_json(),
                                 rule=self.bundle.device_reference(plan.method.rule, ep.workload_dir),
-                                learning_rate=plan.training["learning_rate"], max_updates=plan.training["max_updates"],
+                                learning_rate=server_learning_rate(plan.method, plan.training["learning_rate"]),
+                                max_updates=plan.training["max_updates"],
+                                aggregation=self.bundle.device_reference(plan.method.aggregation["name"], ep.workload_dir),
+                                aggregation_params=dict(plan.method.aggregation["params"]),
                                 transport=transport, checkpoint=checkpoint, initial=f"{ep.workload_dir}/{workload.INITIAL}",
                                 **shard)
         servers = {"servers": [list(ep.address_of(s.name)) for s in plan.servers], "partition": plan.partition} if sharded else {}
@@ -129,7 +132,8 @@ class Emulation:
                                 seed=(device.seed + 7919 * incarnation) & 0x7FFFFFFF,
                                 shard=f"{ep.data_dir}/{Path(self.shards.shards[device.index]).name}",
                                 batch_size=plan.training["batch_size"], transport=transport,
-                                method=method_config(plan.method, self.bundle.device_reference(plan.method.compressor, ep.workload_dir)))
+                                method=method_config(plan.method, self.bundle.device_reference(plan.method.compressor, ep.workload_dir),
+                                                     plan.training["learning_rate"]))
         every = plan.training["eval_every"]
         return EvaluatorConfig(**client, test_set=f"{ep.data_dir}/{Path(self.shards.test_set).name}",
                                eval_every_s=every.get("seconds"), eval_every_updates=every.get("updates"))
@@ -420,7 +424,8 @@ class Emulation:
             payload_at_end=self.payload_at_end, egress_at_end=self.egress_at_end, net_marks=self.net_marks,
         )
         return summarize(self.state, read_jsonl(self.rundir.path / "events.jsonl"),
-                         read_jsonl(self.rundir.path / "rejections.jsonl"), facts)
+                         read_jsonl(self.rundir.path / "rejections.jsonl"), facts,
+                         read_jsonl(self.rundir.path / "rounds.jsonl"))
 
 
 def unemulated(mechanisms: dict[str, dict[str, str]], backend: str) -> list[str]:
@@ -439,11 +444,18 @@ def unemulated(mechanisms: dict[str, dict[str, str]], backend: str) -> list[str]
     return lines
 
 
-def method_config(method: ResolvedMethod, compressor: str | None = None) -> MethodConfig:
+def method_config(method: ResolvedMethod, compressor: str | None = None, learning_rate: float = 0.1) -> MethodConfig:
     """The workers' side of the planned method, as their configuration carries it; ``compressor``: the
-    compressor as devices name it (a user's file where they read it), default the plan's."""
+    compressor as devices name it (a user's file where they read it), default the plan's; ``learning_rate``:
+    the training's, the clients' own step size when they take local steps."""
+    local = None if method.local is None else LocalConfig(**method.local, learning_rate=float(learning_rate))
     return MethodConfig(compressor=compressor or method.compressor, params=dict(method.params), error_feedback=method.error_feedback,
-                        wire=WireConfig(**method.wire), pull=PullConfig(**method.pull))
+                        wire=WireConfig(**method.wire), pull=PullConfig(**method.pull), local=local)
+
+
+def server_learning_rate(method: ResolvedMethod, learning_rate: float) -> float:
+    """The server rule's step size: the training's, or with local steps ``local.server_learning_rate``."""
+    return learning_rate if method.server_learning_rate is None else float(method.server_learning_rate)
 
 
 def _raise_interrupt(controller_pid: int, signum, frame):

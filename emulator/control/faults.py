@@ -115,12 +115,23 @@ def restart(inj: FaultInjector, device: DevicePlan, params: dict) -> dict:
 
 def pause(inj: FaultInjector, device: DevicePlan, params: dict) -> dict:
     inj.backend.pause(device)
+    _availability(inj, device, False)
     return {}
 
 
 def resume(inj: FaultInjector, device: DevicePlan, params: dict) -> dict:
     inj.backend.resume(device)
+    _availability(inj, device, True)
     return {}
+
+
+def _availability(inj: FaultInjector, device: DevicePlan, available: bool) -> None:
+    """Tell the servers a worker went offline or came back (an availability trace's spells are
+    pauses): a federated round samples only the clients that are there, as a real one samples
+    those that checked in. A crashed worker needs no word: its connection closes."""
+    if device.role == "worker":
+        for server in inj.plan.servers:
+            inj.send(server.name, {"cmd": "availability", "worker": device.index, "available": available})
 
 
 def _cut(inj: FaultInjector, device: DevicePlan, cut: bool) -> dict:

@@ -7,7 +7,7 @@ Layout of ``runs/<run-id>/``::
     plan.json                the concrete plan (devices, timeline)
     mechanisms.json          which mechanism realised each link property, per device
     <stream>.jsonl           append-only traces: events, updates, accuracy, traffic, steps,
-                             server, rejections, net, stats
+                             server, rejections, net, stats, rounds (aggregations a federated server closed)
     logs/<device>.log        each device's output
     summary.json             written at the end
 
@@ -27,7 +27,7 @@ import time
 import warnings
 from pathlib import Path
 
-STREAMS = frozenset({"events", "updates", "accuracy", "traffic", "steps", "server", "rejections", "net", "stats", "fidelity"})
+STREAMS = frozenset({"events", "updates", "accuracy", "traffic", "steps", "server", "rejections", "net", "stats", "fidelity", "rounds"})
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 

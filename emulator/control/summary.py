@@ -31,6 +31,9 @@ short of the payload by up to a frame per worker); ``downlink_payload_bytes``, t
 that went to workers. Per
 applied update: ``up_bytes_per_update`` (ingress payload), ``down_bytes_per_update`` (downlink
 payload) and ``two_way_bytes_per_update``, their sum.
+
+A federated run (``method.aggregation`` other than ``per_push``) has a ``rounds`` section from its
+server's ``rounds`` trace (:func:`summary_of_rounds`); ``updates_applied`` then counts aggregations.
 """
 
 from __future__ import annotations
@@ -89,8 +92,9 @@ class RunFacts:
     net_marks: dict = field(default_factory=dict)  # "start"/"end" -> device -> interface counters
 
 
-def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[dict], facts: RunFacts) -> dict:
-    """The ``summary.json`` of a run."""
+def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[dict], facts: RunFacts,
+              rounds: Iterable[dict] = ()) -> dict:
+    """The ``summary.json`` of a run; ``rounds``: the ``rounds`` trace of a federated server (none otherwise)."""
     s = counters
     final = s.final_accuracy or s.accuracy or {}
     faults: Counter = Counter()
@@ -134,6 +138,28 @@ def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[d
         "server_kernels": kernels,
         **wire_bytes(facts.net_marks, facts.payload_at_end, list(servers) or ["server"]),
         **({"servers": [per_server(name, counts, facts.net_marks) for name, counts in servers.items()]} if servers else {}),
+        **({"rounds": summary_of_rounds(rounds)} if rounds else {}),
+    }
+
+
+def summary_of_rounds(rounds: Iterable[dict]) -> dict:
+    """The aggregations a federated server closed: how many, how long, who took part, the
+    stragglers dropped, and the bytes per round both ways (payload the server received and sent)."""
+    rows = list(rounds)
+    n = len(rows)
+    applied = [r for r in rows if r.get("applied")]
+
+    def mean(key: str, of=rows) -> float | None:
+        return round(sum(r.get(key, 0) for r in of) / len(of), 3) if of else None
+
+    return {
+        "count": n, "applied": len(applied),
+        "mean_duration_s": mean("duration_s"), "max_duration_s": max((r.get("duration_s", 0) for r in rows), default=None),
+        "mean_sampled": mean("sampled"), "mean_participants": mean("participants"),
+        "stragglers_dropped": sum(r.get("dropped", 0) for r in rows),
+        # payload: pushes received; models and deltas sent to workers; everything sent (the evaluator's models too)
+        "up_bytes_per_round": mean("ingress_bytes"), "down_bytes_per_round": mean("downlink_bytes"),
+        "egress_bytes_per_round": mean("egress_bytes"),
     }
 
 

@@ -34,7 +34,7 @@ from emulator.planning.plan import Plan, check_dataset
 from emulator.planning.scenario import Scenario
 from emulator.planning.problems import Problem, ScenarioError, problems_from
 from emulator.planning.workload import UserFile, user_files
-from emulator.runtime import contract, models, partition, rules
+from emulator.runtime import aggregation, contract, models, partition, rules
 from emulator.runtime.models import save_initial
 
 FOLDER = "workload"  # in the run directory; devices see it read-only
@@ -69,6 +69,8 @@ def check(plan: Plan, files: list[UserFile], input_shape: tuple[int, ...], class
             problems += _check_compressor(file, plan, layout)
         elif file.role == "rule":
             problems += _check_rule(file, plan, layout)
+        elif file.role == "aggregator":
+            problems += _check_aggregator(file, plan, layout)
     problems += _check_servers(plan, layout)
     if problems:
         raise ScenarioError(problems)
@@ -120,8 +122,28 @@ def _check_rule(file: UserFile, plan: Plan, layout: Layout) -> list[Problem]:
     return []
 
 
+def _check_aggregator(file: UserFile, plan: Plan, layout: Layout) -> list[Problem]:
+    """A user's aggregator: imported, made with the layout, the plan's rule and its parameters; a rule
+    that cannot take a model delta refused when the aggregator needs one."""
+    method = plan.method
+    try:
+        cls = aggregation.lookup(file.reference)
+        rule = rules.lookup(method.rule) if not plugins.is_reference(method.rule) else None
+        if rule is not None and cls.takes_model_delta and not rule.takes_model_delta:
+            return [Problem("method.rule", f"{file.reference} aggregates model deltas, which the rule {method.rule!r} cannot take")]
+        built = rules.build(method.rule, layout, 1.0) if rule is not None else None
+        if built is not None:
+            plugins.call(cls, layout, built, plan.seed, what=f"{file.reference}(layout, rule, seed, **params)",
+                         **method.aggregation["params"])
+    except aggregation.AggregatorError as error:
+        return [Problem(f"method.aggregation.{error.field}", error.message)]
+    except plugins.PluginError as error:
+        return [Problem(file.field, str(error))]
+    return []
+
+
 def contract_check(ref: str, params: dict | None = None, layout: Layout | None = None) -> tuple[str, list[contract.Verdict]]:
-    """Run the contract suite on the user's compressor or update rule ``ref`` names: (its kind, the verdicts).
+    """Run the contract suite on the user's compressor, update rule or aggregator ``ref`` names: (its kind, the verdicts).
 
     ``params``: the compressor's parameters (default its own); ``layout``: the model it will compress
     (default a small convolution and dense layer). PluginError if ``ref`` names neither."""
@@ -137,7 +159,9 @@ def contract_check(ref: str, params: dict | None = None, layout: Layout | None =
         if params:
             raise plugins.PluginError(f"{ref}: an update rule takes no parameters (got {sorted(params)})")
         return "rule", contract.check_rule(rules.lookup(ref), layout)
-    raise plugins.PluginError(f"{ref}: is {target!r}: neither a compression.Compressor nor an UpdateRule subclass "
+    if isinstance(target, type) and issubclass(target, aggregation.Aggregator):
+        return "aggregator", contract.check_aggregator(aggregation.lookup(ref), params, layout)
+    raise plugins.PluginError(f"{ref}: is {target!r}: neither a compression.Compressor, an UpdateRule nor an Aggregator subclass "
                               "(a model is checked with its data set: emulate check SCENARIO.yaml)")
 
 
@@ -149,6 +173,8 @@ def scenario_check(plan: Plan, files: list[UserFile], layout: Layout) -> list[tu
             out.append((file, contract_check(file.reference, plan.method.params, layout)[1]))
         elif file.role == "rule":
             out.append((file, contract_check(file.reference, None, layout)[1]))
+        elif file.role == "aggregator":
+            out.append((file, contract_check(file.reference, plan.method.aggregation["params"], layout)[1]))
     return out
 
 

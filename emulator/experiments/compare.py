@@ -342,6 +342,8 @@ def summarize_run(run_dir: Path, label: str) -> dict:
         "down_bytes_per_update": summary.get("down_bytes_per_update"),
         "two_way_bytes_per_update": summary.get("two_way_bytes_per_update"),
         **server_shares(summary),
+        # a federated run's aggregations (summary.summary_of_rounds); absent otherwise, so other rows and records keep their form
+        **({"rounds": summary["rounds"]} if summary.get("rounds") else {}),
         "compress_overhead": compress_overhead(read_jsonl(run_dir / "steps.jsonl")),
         "curve": (curve := accuracy_curve(updates, read_jsonl(run_dir / "accuracy.jsonl"), training_start(run_dir, summary))),
         "final_accuracy_last_k": last_k_accuracy(curve),
@@ -619,7 +621,7 @@ def render_markdown(report: dict) -> str:
         if sharded:
             cells += [str(row.get("servers") or 1), _num(row.get("busiest_server_ingress_bytes"), ",.0f")]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"![accuracy versus cumulative ingress bytes]({report['figure']})", ""]
+    lines += ["", *rounds_table(report["methods"]), f"![accuracy versus cumulative ingress bytes]({report['figure']})", ""]
     return "\n".join(lines)
 
 
@@ -628,6 +630,22 @@ SERVER_COLUMNS = ("servers", "busiest server's ingress payload (B)")  # where so
 
 def _sharded(rows: list[dict]) -> bool:
     return any((row.get("servers") or 1) > 1 for row in rows)
+
+
+def rounds_table(rows: list[dict]) -> list[str]:
+    """For the federated runs of a comparison: their rounds (docs/FEDERATED.md), one line per run; none without any."""
+    federated = [row for row in rows if row.get("rounds")]
+    if not federated:
+        return []
+    lines = ["Rounds of the federated runs (bytes are the server's payload per round: pushes in, models and deltas out to workers):",
+             "", "| method | run | rounds | mean duration (s) | mean participants | stragglers dropped | up B / round | down B / round |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for row in federated:
+        r = row["rounds"]
+        lines.append(f"| `{row['method']}` | {row.get('run_id', '-')} | {r['count']:,} | {_num(r.get('mean_duration_s'), '.3f')} | "
+                     f"{_num(r.get('mean_participants'), '.2f')} | {r.get('stragglers_dropped', 0):,} | "
+                     f"{_num(r.get('up_bytes_per_round'), ',.0f')} | {_num(r.get('down_bytes_per_round'), ',.0f')} |")
+    return lines + [""]
 
 
 REPEATED_COLUMNS = ("method", "diverged or dead", "final accuracy, trained runs", "accuracy at the common time, trained runs",
@@ -721,7 +739,8 @@ def _render_repeated(report: dict) -> str:
         ratio = time_ratio_note(a, b, time.get("ratio") or [])
         if ratio:
             notes.append(ratio)
-    lines += ["", *notes, *([""] if notes else []), f"![accuracy versus cumulative ingress bytes]({report['figure']})", ""]
+    lines += ["", *notes, *([""] if notes else []), *rounds_table(report["methods"]),
+              f"![accuracy versus cumulative ingress bytes]({report['figure']})", ""]
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ import compression
 from compression import COMPRESSORS
 
 from emulator import plugins
+from emulator.planning import federated
 from emulator.planning.problems import Problem, problems_from
 from emulator.runtime.rules import RULES
 
@@ -31,6 +32,8 @@ class MethodSection(Protocol):
     error_feedback: bool
     wire: BaseModel
     pull: BaseModel
+    local: federated.LocalSpec | None
+    aggregation: federated.AggregationSpec
 
     @property
     def params(self) -> dict: ...  # the compressor's parameters: the section's other keys
@@ -61,6 +64,15 @@ class ResolvedMethod:
     error_feedback: bool
     wire: dict
     pull: dict = field(default_factory=lambda: {"mode": "dense", "values": "f32", "every": 1})
+    # federated methods (emulator/planning/federated.py): local steps (None: a gradient per push),
+    # what the server does with arrivals, and the server rule's step size with local steps
+    local: dict | None = None
+    aggregation: dict = field(default_factory=lambda: {"name": "per_push", "params": {}})
+    server_learning_rate: float | None = None
+
+    @property
+    def federated(self) -> bool:
+        return self.local is not None or self.aggregation["name"] != "per_push"
 
     @property
     def label(self) -> str:
@@ -79,6 +91,9 @@ class ResolvedMethod:
         return {
             "name": self.name, "compressor": self.compressor, "params": dict(sorted(self.params.items())),
             "rule": self.rule, "error_feedback": self.error_feedback, "wire": dict(self.wire), "pull": dict(self.pull),
+            # only when set: a plan without them keeps the digest it had before they existed
+            **({"local": self.local, "aggregation": self.aggregation, "server_learning_rate": self.server_learning_rate}
+               if self.federated else {}),
         }
 
 
@@ -91,7 +106,7 @@ def known_methods() -> list[str]:
     return sorted(set(PRESETS) | set(COMPRESSORS))
 
 
-def resolve(spec: MethodSection) -> ResolvedMethod:
+def resolve(spec: MethodSection, workers: int | None = None) -> ResolvedMethod:
     """Preset or compressor name -> compressor, its validated parameters, and the server rule.
 
     A user's compressor (``file.py:Class``) keeps its parameters as written: planning imports no user
@@ -104,17 +119,29 @@ def resolve(spec: MethodSection) -> ResolvedMethod:
         raise ValueError(f"unknown method {spec.name!r}; known: {', '.join(known_methods())}")
     else:
         params = COMPRESSORS[compressor].Params(**spec.params).model_dump()
-    rule = spec.rule or (preset.rule if preset else "plain")
+    rule = rule_of(spec)
     if rule not in RULES and not plugins.is_reference(rule):
         raise ValueError(f"unknown rule {rule!r}; known: {', '.join(sorted(RULES))}")
-    return ResolvedMethod(spec.name, compressor, params, rule, spec.error_feedback, spec.wire.model_dump(), spec.pull.model_dump())
+    fed = federated.resolve(spec.local, spec.aggregation, workers)
+    return ResolvedMethod(spec.name, compressor, params, rule, spec.error_feedback, spec.wire.model_dump(), spec.pull.model_dump(),
+                          local=fed.local, aggregation={"name": fed.aggregation, "params": fed.params},
+                          server_learning_rate=fed.server_learning_rate)
 
 
-def check_method(spec: MethodSection) -> list[Problem]:
-    """Every problem with the method section, with paths like ``method.c``."""
+def rule_of(spec: MethodSection) -> str:
+    """The server's rule: the section's, else the preset's, else ``plain``."""
+    preset = PRESETS.get(spec.name)
+    return spec.rule or (preset.rule if preset else "plain")
+
+
+def check_method(spec: MethodSection, workers: int | None = None, servers: int = 1) -> list[Problem]:
+    """Every problem with the method section, with paths like ``method.c``; with ``workers``, its
+    federated keys for a run of that many clients and ``servers`` servers too."""
     preset = PRESETS.get(spec.name)
     compressor = preset.compressor if preset else spec.name
     problems = []
+    if workers is not None:
+        problems += federated.check(spec.local, spec.aggregation, rule_of(spec), workers, spec.pull.every, servers)
     if spec.rule is not None and spec.rule not in RULES and not plugins.is_reference(spec.rule):
         problems.append(Problem("method.rule", f"unknown rule {spec.rule!r}; known: {', '.join(sorted(RULES))}, "
                                                "or your own: path/file.py:Class"))

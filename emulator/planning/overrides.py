@@ -43,8 +43,8 @@ def apply_override(data: dict, assignment: str) -> None:
 
     def check_key(i: int) -> None:
         model = model_at(tuple(steps[:i]), Scenario)
-        if model is None or model is MethodSpec and i == len(steps) - 1:
-            return  # free-form here (method parameters are checked by the compressor)
+        if model is None or i == len(steps) - 1 and (model is MethodSpec or model.model_config.get("extra") == "allow"):
+            return  # free-form here (a compressor's or an aggregator's parameters are checked by their own checks)
         names = field_names(model)
         if steps[i] not in names:
             close = difflib.get_close_matches(str(steps[i]), names, n=1)

@@ -305,7 +305,7 @@ def _check_and_merge(
 def make_plan(s: Scenario) -> Plan:
     """The concrete, seeded plan of a validated scenario (ScenarioError on impossible draws or schedules)."""
     problems: list[Problem] = []
-    method = methods.resolve(s.method)
+    method = methods.resolve(s.method, s.worker_count)
     workers = _workers(s, problems)
     horizon = s.faults.horizon or s.training.duration or DEFAULT_HORIZON_S
     traced = replay.expand(s, workers, horizon, lambda targets: resolve_targets(targets, s))  # the same events as faults

@@ -52,6 +52,7 @@ from emulator.planning.distributions import (
     Size,
     dump_distribution,
 )
+from emulator.planning.federated import AggregationSpec, LocalSpec
 from emulator.planning.methods import check_method
 from emulator.planning.problems import Problem, ScenarioError, problems_from
 from emulator.planning.traces import GroupTraces, validation_context
@@ -412,6 +413,10 @@ class MethodSpec(BaseModel):
     error_feedback: bool = False
     wire: WireSpec = WireSpec()
     pull: Annotated[PullSpec, BeforeValidator(_pull_shorthand), WithJsonSchema(_PULL_SCHEMA)] = PullSpec()
+    local: LocalSpec | None = Field(None, description="local steps before each push, which then carries the model delta "
+                                                      "(docs/FEDERATED.md): {steps: H} or {epochs: E}")
+    aggregation: AggregationSpec = Field(AggregationSpec(), description=(
+        "what the server does with arrivals: per_push (default) | fedbuff | fedasync | fedavg, with their parameters"))
 
     @property
     def params(self) -> dict:
@@ -421,6 +426,12 @@ class MethodSpec(BaseModel):
     @classmethod
     def _reference(cls, value, info):
         return absolute_reference(value, info)
+
+    @field_validator("aggregation")
+    @classmethod
+    def _aggregator_reference(cls, value, info):
+        name = absolute_reference(value.name, info)  # a user's aggregator, its path against the scenario's folder
+        return value if name == value.name else value.model_copy(update={"name": name})
 
 
 class CheckpointSpec(Strict):
@@ -586,7 +597,7 @@ def validate(data: dict, source: str = "") -> Scenario:
         scenario = Scenario.model_validate(data, context=validation_context(source))  # trace files: beside the scenario
     except ValidationError as exc:
         raise ScenarioError(problems_from(exc, root=Scenario), source) from None
-    problems = check_method(scenario.method) + _check_names(scenario) + _check_targets(scenario)
+    problems = check_method(scenario.method, scenario.worker_count, scenario.server.shards) + _check_names(scenario) + _check_targets(scenario)
     if scenario.worker_count > MAX_WORKERS:
         problems.append(Problem("workers", f"{scenario.worker_count} workers in all; at most {MAX_WORKERS:,}"))
     if problems:

@@ -16,8 +16,8 @@ from emulator.planning.plan import Plan
 class UserFile:
     """One file of the user's that a run uses."""
 
-    field: str  # where the scenario names it: model, method.name, method.rule, dataset.loader, dataset.file
-    role: str  # model | compressor | rule | loader | data
+    field: str  # where the scenario names it: model, method.name, method.rule, method.aggregation.name, dataset.loader, dataset.file
+    role: str  # model | compressor | rule | aggregator | loader | data
     path: str  # absolute, on this machine
     attribute: str | None  # what in it is used (file.py:attribute); None for a file used whole
     imported: bool  # Python the run imports (on the host, and on devices for model, compressor and rule)
@@ -32,7 +32,7 @@ class UserFile:
         return self.role in DEVICE_ROLES
 
 
-DEVICE_ROLES = ("model", "compressor", "rule")
+DEVICE_ROLES = ("model", "compressor", "rule", "aggregator")
 
 
 def _code(field: str, role: str, ref: str) -> UserFile:
@@ -58,6 +58,8 @@ def user_files(plan: Plan) -> list[UserFile]:
         out.append(_code("method.name", "compressor", plan.method.compressor))
     if plugins.is_reference(plan.method.rule):
         out.append(_code("method.rule", "rule", plan.method.rule))
+    if plugins.is_reference(plan.method.aggregation["name"]):
+        out.append(_code("method.aggregation.name", "aggregator", plan.method.aggregation["name"]))
     return out
 
 

@@ -72,6 +72,15 @@ class PullConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LocalConfig:
+    """Local steps (:mod:`.local`): train H steps, or E epochs, then push the model delta."""
+
+    steps: int | None = None  # H; exactly one of steps and epochs is set
+    epochs: int | None = None  # E passes over the worker's shard
+    learning_rate: float = 0.1  # the client's step size (the server's is its rule's)
+
+
+@dataclass(frozen=True, kw_only=True)
 class MethodConfig:
     """A worker's side of the method: the compressor, validated at planning, and how it sends and pulls."""
 
@@ -80,6 +89,7 @@ class MethodConfig:
     error_feedback: bool
     wire: WireConfig
     pull: PullConfig
+    local: LocalConfig | None = None  # None: one gradient per push
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +146,8 @@ class ServerConfig(DeviceConfig):
     initial: str | None = None  # the initial model, a .npy of float32 the controller wrote; None: the built-in initialisation from seed
     partition: dict | None = None  # the model's split over the servers (:meth:`.partition.Partition.to_json`); None: one server holds it all
     shard: int = 0  # which of the partition's shards this server holds
+    aggregation: str = "per_push"  # :data:`emulator.runtime.aggregation.AGGREGATORS` name, or a user's class as the server sees it
+    aggregation_params: dict = field(default_factory=dict)  # its keyword arguments
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,6 +224,6 @@ def _value(kind, value, where: str, key: str):
 
 
 __all__ = [
-    "VERSION", "ConfigError", "LinkConfig", "LINK_FIELDS", "LINK_PROPERTIES", "WireConfig", "PullConfig", "MethodConfig",
+    "VERSION", "ConfigError", "LinkConfig", "LINK_FIELDS", "LINK_PROPERTIES", "WireConfig", "PullConfig", "LocalConfig", "MethodConfig",
     "CheckpointConfig", "DeviceConfig", "ServerConfig", "ClientConfig", "WorkerConfig", "EvaluatorConfig", "ROLES",
 ]

@@ -22,6 +22,16 @@ An update rule (:func:`check_rule`, made with a layout and a learning rate):
 - ``flat``: ``apply_flat`` (the server's path for top-k messages) gives the model ``apply`` gives;
 - ``deterministic``: the same pulls and pushes give the same model;
 - ``checkpoint``: a rule restored from another's ``state()`` goes on as the other does.
+
+An aggregator (:func:`check_aggregator`, :mod:`.aggregation`, made with a layout, the ``plain``
+rule, a seed and its parameters), driven by four clients that pull when admitted and push deltas:
+
+- ``builds``: made from a layout, a rule, a seed and its parameters; an unknown parameter refused;
+- ``holds_or_applies``: an update held (``None``) leaves the model as it was; an applied one
+  changes it only where its targets say, and the model stays finite;
+- ``progress``: over the schedule, the model takes at least one step, and each round it reports
+  closed has participants among the clients;
+- ``deterministic``: the same schedule gives the same model, bit for bit.
 """
 
 from __future__ import annotations
@@ -307,6 +317,107 @@ RULE_CHECKS: dict[str, Callable] = {
 }
 
 
+# -- aggregators ---------------------------------------------------------------------------------
+
+CLIENTS = 4
+
+
+def _make_aggregator(cls, params: dict, layout: Layout, seed: int = 0):
+    from emulator.runtime import aggregation
+
+    made = cls(layout, rules_module.Plain(layout, 1.0), seed, **params)
+    if not isinstance(made, aggregation.Aggregator):
+        raise ContractFailure(f"{cls.__name__}(layout, rule, seed, **params) is not an Aggregator")
+    return made
+
+
+def _delta(layout: Layout, seed: int) -> list:
+    parts = _sparse_update(layout, seed, 0.01) if seed % 2 else [DensePart(g * np.float32(0.01)) for g in gradients(layout, seed)]
+    return rules_module.Plain(layout, 1.0).coordinates(parts)
+
+
+def _drive(agg, layout: Layout, on_step: Callable | None = None, rounds: int = 12) -> np.ndarray:
+    """Four clients, one second a turn: each admitted one takes the model, then each that holds one
+    pushes a delta (in a fixed order), then the clock is asked. ``on_step(before, after, applied)``
+    sees every model change and every hold."""
+    model = np.ones(layout.total, np.float32)
+    for worker in range(CLIENTS):
+        agg.join(worker)
+    holding: dict[int, int] = {}  # worker -> the version it pulled
+    version = 0
+    for turn in range(rounds):
+        now = float(turn)
+        for worker in range(CLIENTS):
+            if worker not in holding and agg.admit(worker, now):
+                agg.on_pull(worker, version, model)
+                holding[worker] = version
+        for worker in sorted(holding):
+            before = model.copy()
+            try:
+                applied = agg.receive(model, _delta(layout, 100 * turn + worker), worker, version - holding.pop(worker), 10 + worker, now)
+            except rules_module.RuleError:
+                applied = None  # refused (late for its round): the model must be as it was
+            if on_step:
+                on_step(before, model, applied)
+            version += applied is not None
+        before = model.copy()
+        applied = agg.due(model, now + 0.5)
+        if on_step:
+            on_step(before, model, applied)
+        version += applied is not None
+    return model
+
+
+def _aggregator_builds(cls, params, layout):
+    _make_aggregator(cls, params, layout)
+    try:
+        _make_aggregator(cls, {**params, "no_such_parameter": 1}, layout)
+    except (ValueError, TypeError):
+        return
+    raise ContractFailure("an unknown parameter (no_such_parameter) was accepted")
+
+
+def _aggregator_holds_or_applies(cls, params, layout):
+    def on_step(before, after, applied):
+        if applied is None:
+            if not np.array_equal(before, after):
+                raise ContractFailure("an update held (None returned) changed the model")
+            return
+        moved = np.flatnonzero(before != after)
+        allowed = np.zeros(layout.total, bool)
+        for target in applied.targets:
+            allowed[target] = True
+        if not allowed[moved].all():
+            raise ContractFailure("an applied step changed coordinates outside its targets (delta pulls would miss them)")
+        if not np.isfinite(after).all():
+            raise ContractFailure("the model is not finite after a step")
+
+    _drive(_make_aggregator(cls, params, layout), layout, on_step)
+
+
+def _aggregator_progress(cls, params, layout):
+    agg = _make_aggregator(cls, params, layout)
+    model = _drive(agg, layout)
+    if np.array_equal(model, np.ones(layout.total, np.float32)):
+        raise ContractFailure(f"{CLIENTS} clients pushed for 12 turns and the model never moved")
+    for record in agg.closed():
+        if not set(record.participants) <= set(range(CLIENTS)):
+            raise ContractFailure(f"round {record.index} reports participants {record.participants} that are not clients")
+
+
+def _aggregator_deterministic(cls, params, layout):
+    a = _drive(_make_aggregator(cls, params, layout, seed=5), layout)
+    b = _drive(_make_aggregator(cls, params, layout, seed=5), layout)
+    if not np.array_equal(a, b):
+        raise ContractFailure("the same schedule gave two different models")
+
+
+AGGREGATOR_CHECKS: dict[str, Callable] = {
+    "builds": _aggregator_builds, "holds_or_applies": _aggregator_holds_or_applies, "progress": _aggregator_progress,
+    "deterministic": _aggregator_deterministic,
+}
+
+
 def _run(checks: dict[str, Callable], *args) -> list[Verdict]:
     verdicts = []
     for name, check in checks.items():
@@ -332,4 +443,9 @@ def check_rule(cls: type[rules_module.UpdateRule], layout: Layout | None = None)
     return _run(RULE_CHECKS, cls, layout or default_layout())
 
 
-__all__ = ["CHECKS", "RULE_CHECKS", "ContractFailure", "Verdict", "check_compressor", "check_rule", "default_layout", "gradients"]
+def check_aggregator(cls, params: dict | None = None, layout: Layout | None = None) -> list[Verdict]:
+    """Every check of the aggregator contract on ``cls`` with ``params`` (default: its defaults), each a :class:`Verdict`."""
+    return _run(AGGREGATOR_CHECKS, cls, dict(params or {}), layout or default_layout())
+
+
+__all__ = ["CHECKS", "RULE_CHECKS", "AGGREGATOR_CHECKS", "check_aggregator", "ContractFailure", "Verdict", "check_compressor", "check_rule", "default_layout", "gradients"]

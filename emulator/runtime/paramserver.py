@@ -11,6 +11,12 @@ whose gradient held NaN or Inf says so (a PUSH flagged ``NON_FINITE``); that rep
 values on the wire and updates that would overflow the model count toward divergence
 (``DIVERGED_AFTER`` in a row end training).
 
+What happens to a decoded update is the method's aggregator's (:mod:`.aggregation`): applied at
+once by the rule (``per_push``, the default), held in a buffer (``fedbuff``), mixed in
+(``fedasync``), or gathered into a round (``fedavg``), whose sample decides which workers' pulls
+are answered. A push the aggregator holds is traced with ``held: true`` and leaves the version
+as it was; every aggregation it closes is a ``rounds`` row with the bytes both ways since the last.
+
 Run as ``python -m emulator.runtime.paramserver`` with its :class:`~.config.ServerConfig` in ``$EMU_CONFIG``.
 """
 
@@ -30,7 +36,7 @@ import compression
 from compression import compiled
 from compression.layout import Layout
 
-from emulator.runtime import checkpoint, downlink, partition, probe, protocol, rules
+from emulator.runtime import aggregation, checkpoint, downlink, partition, probe, protocol, rules
 from emulator.runtime.bootstrap import load_config, start
 from emulator.runtime.config import ServerConfig
 from emulator.runtime.downlink import Holding
@@ -40,6 +46,7 @@ from emulator.runtime.telemetry import Telemetry
 from emulator.runtime.transport import Channel, TransportShaper, tune
 
 MAX_WAIT_MS = 600_000
+TICK_S = 0.02  # how often the aggregator's clock is asked about round deadlines
 DIVERGED_AFTER = 50  # non-finite (or overflowing) gradients in a row, no update applied between: training has diverged
 NON_FINITE_GRADIENT = "non_finite_gradient"  # rejection reason of a worker's report
 # Per worker per second: bytes received (pushes), bytes sent (models, deltas, ACKs, rejections),
@@ -64,6 +71,9 @@ class ParameterServer:
             lo, hi = self.partition.range(cfg.shard)
             self.layout, self.params = self.partition.layouts[cfg.shard], self.params[lo:hi].copy()
         self.rule = rules.build(cfg.rule, self.layout, cfg.learning_rate)
+        self.aggregator = aggregation.build(cfg.aggregation, self.layout, self.rule, cfg.seed, cfg.aggregation_params)
+        self._examples: dict[int, int] = {}  # worker -> its shard's size, from its HELLO (what FedAvg weighs by)
+        self._round_bytes: collections.Counter = collections.Counter()  # both ways, since the last aggregation closed
         self.max_updates = cfg.max_updates
         # The largest valid update: every coordinate as a raw32 index and an f32 value (8 B);
         # a sparse part can be larger than a dense one (topk at c = 1, or c > 0.5 with raw32).
@@ -95,6 +105,9 @@ class ParameterServer:
             if restored is not None:
                 self.version, self.params, state = restored
                 self.rule.load_state(state)
+                # rounds go on numbered from the version (a checkpoint is taken right after a server step, when no
+                # delta is held: what the aggregator held after it is lost with the crash, as updates after it are)
+                self.aggregator.rounds = self.version
                 self.training.set()  # a restarted server resumes training at once
                 self.tel.event("restored", version=self.version, version_at_crash=at_crash,
                                lost=max(0, at_crash - self.version))
@@ -131,6 +144,12 @@ class ParameterServer:
             self.finish("stopped by controller")
         elif cmd == "shape":
             self.shaper.update(command.get("transport", {}))
+        elif cmd == "availability":  # a worker paused or resumed (an availability trace): whom a round may sample
+            worker = command.get("worker")
+            if isinstance(worker, int) and not isinstance(worker, bool):
+                with self.cond:
+                    self.aggregator.available(worker, bool(command.get("available")))
+                    self.cond.notify_all()
 
     def reject(self, reason: str, worker: int, detail: str = "") -> None:
         with self.cond:  # called from many connection threads, some outside the lock
@@ -159,6 +178,7 @@ class ParameterServer:
             traffic = self._traffic[worker]
             traffic["ingress_bytes"] += frame_bytes
             traffic["pushes"] += 1
+            self._round_bytes["ingress_bytes"] += frame_bytes
             if self.done:
                 self.reject("late", worker, "update arrived after training ended")
                 return Pushed(None)
@@ -167,28 +187,25 @@ class ParameterServer:
                 self.reject("future_version", worker, f"t0={t0} > t={self.version}")
                 return Pushed("future_version")
             try:
+                examples, now = self._examples.get(worker, 1), time.monotonic()
                 if flat is None:
-                    applied = self.rule.apply(self.params, parts, worker, staleness)
+                    applied = self.aggregator.receive(self.params, self.rule.coordinates(parts), worker, staleness, examples, now)
                 else:
-                    applied = self.rule.apply_flat(self.params, *flat, worker, staleness)
+                    applied = self.aggregator.receive_flat(self.params, *flat, worker, staleness, examples, now)
             except rules.RuleError as exc:
+                self._record_rounds()  # a round that failed to apply is still a round
                 self.reject(exc.reason, worker, str(exc))
                 if exc.reason == "overflow":
                     self._diverging()
                 return Pushed(exc.reason)
-            self.version += 1
-            self.changes.record(applied.targets, self.version)
-            if self.mark is not None:
-                self.mark.set(self.version)
-            self._non_finite_in_a_row = 0
+            if applied is not None:
+                self._commit(applied)
+            self._record_rounds()
             version = self.version
-            if self.max_updates and version >= self.max_updates:
-                self.finish("max_updates reached")
-            if self.checkpointer is not None and self.checkpointer.due(version):
-                state = {k: v.copy() for k, v in self.rule.state().items()}
-                self.checkpointer.write_async(version, self.params.copy(), state)
-            self.cond.notify_all()
         done = time.perf_counter()
+        if applied is None:  # held by the aggregator: the model did not change
+            return Pushed(None, dict(t=version, worker=worker, t0=t0, staleness=staleness, bytes=frame_bytes, held=True,
+                                     decode_us=int((decoded - start) * 1e6), apply_us=int((done - decoded) * 1e6)))
         return Pushed(None, dict(
             t=version, worker=worker, t0=t0, staleness=staleness, bytes=frame_bytes,
             entries=applied.entries, scale=round(applied.mean_scale, 6),
@@ -196,12 +213,57 @@ class ParameterServer:
             decode_us=int((decoded - start) * 1e6), apply_us=int((done - decoded) * 1e6),
         ))
 
+    def _commit(self, applied: rules.Applied) -> None:
+        """The model changed (under the lock): a new version, its changes logged, checkpoint and end checked."""
+        self.version += 1
+        self.changes.record(applied.targets, self.version)
+        if self.mark is not None:
+            self.mark.set(self.version)
+        self._non_finite_in_a_row = 0
+        version = self.version
+        if self.max_updates and version >= self.max_updates:
+            self.finish("max_updates reached")
+        if self.checkpointer is not None and self.checkpointer.due(version):
+            state = {k: v.copy() for k, v in self.rule.state().items()}
+            self.checkpointer.write_async(version, self.params.copy(), state)
+        self.cond.notify_all()
+
+    def _record_rounds(self) -> None:
+        """Trace the aggregations the aggregator closed (under the lock), with the bytes both ways since the last."""
+        for round_ in self.aggregator.closed():
+            self.tel.record("rounds", **round_.as_record(), version=self.version,
+                            ingress_bytes=self._round_bytes["ingress_bytes"], egress_bytes=self._round_bytes["egress_bytes"],
+                            downlink_bytes=self._round_bytes["downlink_bytes"])
+            self._round_bytes.clear()
+            self.cond.notify_all()  # a new round may admit waiting workers
+
+    def tick(self) -> None:
+        """The aggregator's clock (round deadlines), a few times a second while training."""
+        while True:
+            time.sleep(TICK_S)
+            if not self.training.is_set():
+                continue
+            with self.cond:
+                if self.done:
+                    return
+                try:
+                    applied = self.aggregator.due(self.params, time.monotonic())
+                except rules.RuleError as exc:
+                    self.reject(exc.reason, protocol.NO_WORKER, str(exc))
+                    applied = None
+                    if exc.reason == "overflow":
+                        self._diverging()
+                if applied is not None:
+                    self._commit(applied)
+                self._record_rounds()
+
     def non_finite_report(self, worker: int, body: memoryview, frame_bytes: int) -> str | None:
         """A worker's gradient held NaN or Inf (``body`` says where): refused, counted toward divergence."""
         with self.cond:
             traffic = self._traffic[worker]
             traffic["ingress_bytes"] += frame_bytes
             traffic["pushes"] += 1
+            self._round_bytes["ingress_bytes"] += frame_bytes
             if self.done:
                 self.reject("late", worker, "report arrived after training ended")
                 return None
@@ -221,6 +283,10 @@ class ParameterServer:
         since the version it holds; and whether training is over."""
         self.training.wait()
         with self.cond:
+            if worker != protocol.NO_WORKER and not self.aggregator.admit(worker, time.monotonic()):
+                # not in this round's sample: wait for one that has this worker (or for the end)
+                while not (self.done or self.aggregator.admit(worker, time.monotonic())):
+                    self.cond.wait(TICK_S * 10)
             if min_version > self.version and not self.done and max_wait_s > 0:
                 self.cond.wait_for(lambda: self.done or self.version >= min_version, timeout=max_wait_s)
             done = self.done
@@ -231,6 +297,7 @@ class ParameterServer:
                                          lambda: self._model_bytes()[1])
             if worker != protocol.NO_WORKER:
                 self.rule.on_pull(worker, self.version, reply.since)
+                self.aggregator.on_pull(worker, self.version, self.params)
         if holding is not None:
             downlink.finish(reply, holding, self.layout)  # encoding outside the lock
         return reply, done
@@ -246,6 +313,8 @@ class ParameterServer:
         with self.cond:  # counted once the kernel has it (a frame that could not go is not egress)
             traffic = self._traffic[worker]
             traffic["egress_bytes"] += size
+            self._round_bytes["egress_bytes"] += size
+            self._round_bytes["downlink_bytes"] += size if worker != protocol.NO_WORKER else 0  # to workers (not the evaluator)
             traffic["pull_bytes"] += size
             traffic["pulls"] += 1
             traffic["delta_pulls"] += bool(reply.flags & Flag.DELTA)
@@ -259,11 +328,13 @@ class ParameterServer:
         channel.send(MsgType.ACK, t0=version, flags=Flag.DONE if done else 0)
         with self.cond:
             self._traffic[worker]["egress_bytes"] += protocol.HEADER.size
+            self._round_bytes["egress_bytes"] += protocol.HEADER.size
 
     def send_reject(self, channel: Channel, worker: int, reason: str) -> None:
         sent = channel.send(MsgType.REJECT, protocol.json_body({"reason": reason}))
         with self.cond:
             self._traffic[worker]["egress_bytes"] += sent
+            self._round_bytes["egress_bytes"] += sent
 
     def trace_update(self, row: dict, reply_bytes: int, reply: downlink.Reply | None) -> None:
         """One applied update's row, with its reply: bytes, and ``model`` (whole), ``delta`` (from
@@ -315,8 +386,12 @@ class ParameterServer:
                 if not 0 <= worker < protocol.NO_WORKER:
                     raise ProtocolError("bad_hello", f"worker id {worker} out of range")
                 holding = downlink.parse_hello(hello.get("pull"))
+                examples = hello.get("examples")
                 with self.cond:
                     self._owners[worker] = channel  # a restarted worker supersedes its old connection
+                    if isinstance(examples, int) and not isinstance(examples, bool) and examples > 0:
+                        self._examples[worker] = examples
+                    self.aggregator.join(worker)
             channel.worker = worker
             if role == "probe":
                 channel.max_body = max(self.max_body, probe.MAX_PROBE_BYTES)
@@ -365,6 +440,7 @@ class ParameterServer:
                     if self._owners.get(worker) is channel:  # not if a newer connection took over
                         del self._owners[worker]
                         self.rule.forget(worker)
+                        self.aggregator.forget(worker)
                 self.tel.event("disconnected", worker=worker, pending=awaiting_push and not self.done)
 
     # -- main loops -----------------------------------------------------------------------
@@ -390,6 +466,8 @@ class ParameterServer:
                        kernels=self.kernels,
                        **({} if self.partition.shards == 1 else {"shard": self.cfg.shard, "shards": self.partition.shards}))
         threading.Thread(target=self.report_traffic, daemon=True, name="traffic").start()
+        if type(self.aggregator).due is not aggregation.Aggregator.due:  # only an aggregator with a clock (FedAvg's deadlines)
+            threading.Thread(target=self.tick, daemon=True, name="rounds").start()
         while True:
             sock, peer = listener.accept()
             tune(sock)

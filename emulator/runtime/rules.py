@@ -56,6 +56,9 @@ class UpdateRule(ABC):
     # value there and the staleness: the model can then be split over several servers exactly
     # (emulator/runtime/partition.py). A user's rule says so itself; False refuses server.shards > 1.
     per_coordinate: ClassVar[bool] = False
+    # Whether a pushed model delta (``theta_pulled - theta_after_local_steps``, :mod:`.aggregation`)
+    # may be applied as this rule's update, its learning rate then the server's step size.
+    takes_model_delta: ClassVar[bool] = False
 
     def __init__(self, layout: Layout, learning_rate: float):
         self.layout = layout
@@ -71,6 +74,14 @@ class UpdateRule(ABC):
     def apply(self, params: np.ndarray, parts: list[Part], worker: int, staleness: int) -> Applied:
         """Update ``params`` in place (called under the server's lock); all or nothing."""
         return self._apply(params, self._coordinates(parts), worker, staleness)
+
+    def coordinates(self, parts: list[Part]) -> list[tuple[slice | np.ndarray, np.ndarray]]:
+        """The update's ``(target, values)`` pairs, as :meth:`steps` takes them."""
+        return self._coordinates(parts)
+
+    def apply_coordinates(self, params: np.ndarray, coordinates, worker: int, staleness: int) -> Applied:
+        """:meth:`apply` of ``(target, values)`` pairs (an aggregator's step); all or nothing."""
+        return self._apply(params, coordinates, worker, staleness)
 
     def apply_flat(self, params: np.ndarray, indices: np.ndarray, values: np.ndarray, worker: int,
                    staleness: int) -> Applied:
@@ -148,6 +159,7 @@ class UpdateRule(ABC):
 class Plain(UpdateRule):
     name = "plain"
     per_coordinate = True
+    takes_model_delta = True
 
     def scale(self, staleness: int) -> float:
         return self.learning_rate

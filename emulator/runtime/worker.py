@@ -10,6 +10,9 @@ A gradient with NaN or Inf is not compressed (a selection would silently trim it
 is a short report flagged ``NON_FINITE`` instead, which the server refuses and counts toward
 divergence.
 
+With local steps (``method.local``, :mod:`.local`) a step is H SGD steps on the worker's own copy
+and the push carries the model delta instead of a gradient, through the same compressor.
+
 Run as ``python -m emulator.runtime.worker`` with its :class:`~.config.WorkerConfig` in ``$EMU_CONFIG``.
 """
 
@@ -30,6 +33,7 @@ from emulator.runtime.bootstrap import limit_threads, run_device
 from emulator.runtime.config import MethodConfig, WorkerConfig
 from emulator.runtime.data import BatchSampler, load_shard
 from emulator.runtime.downlink import ModelCopy
+from emulator.runtime.local import local_delta, steps_per_push
 from emulator.runtime.protocol import Flag, MsgType
 from emulator.runtime.transport import Channel, TransportShaper, open_session
 
@@ -131,7 +135,10 @@ def run(cfg: WorkerConfig, tel) -> int:
     tel.on_control(on_control)
     splits = np.array(layout.offsets[1:])
 
-    hello = {"role": "worker", "worker": index, "incarnation": cfg.incarnation, "pull": pull.hello()}
+    local = cfg.method.local
+    local_steps = steps_per_push(local, len(x), cfg.batch_size) if local is not None else 0
+    # examples: what a federated server weighs this worker's deltas by (its shard's size)
+    hello = {"role": "worker", "worker": index, "incarnation": cfg.incarnation, "pull": pull.hello(), "examples": len(x)}
     split = partition.from_json(cfg.partition, layout)
     addresses = [tuple(a) for a in cfg.servers] if cfg.servers else [cfg.ps]
     copies = [copy] if split.shards == 1 else [ModelCopy(piece) for piece in split.layouts]
@@ -184,8 +191,11 @@ def run(cfg: WorkerConfig, tel) -> int:
                     raise protocol.ProtocolError("unexpected", f"{header.type.name} from the server")
             params = copy.params if split.shards == 1 else split.assemble([mine.params for mine in copies])
             t_start, c_start = time.perf_counter(), time.process_time()
-            xb, yb = sampler.next()
-            loss, grad = model.gradient(params, xb, yb)
+            if local is None:
+                xb, yb = sampler.next()
+                loss, grad = model.gradient(params, xb, yb)
+            else:
+                grad, loss = local_delta(params, model.gradient, sampler.next, local_steps, local.learning_rate)
             t_grad, c_grad = time.perf_counter(), time.process_time()
             messages, flags = push_bodies(compressor, np.split(grad, splits), split, wire)
             t_comp, c_comp = time.perf_counter(), time.process_time()

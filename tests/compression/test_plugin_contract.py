@@ -173,6 +173,6 @@ def test_emulate_check_refuses_bad_parameters_and_non_plugins_with_exit_2(tmp_pa
     result = CliRunner().invoke(main, ["check", f"{tmp_path}/broken.py:Broken", "-p", "c=7"])
     assert result.exit_code == 2 and "params.c" in result.output
     result = CliRunner().invoke(main, ["check", f"{tmp_path}/broken.py:np"])
-    assert result.exit_code == 2 and "neither a compression.Compressor nor an UpdateRule" in result.output
+    assert result.exit_code == 2 and "neither a compression.Compressor, an UpdateRule nor an Aggregator" in result.output
     result = CliRunner().invoke(main, ["check", f"{tmp_path}/nope.py:X"])
     assert result.exit_code == 2 and "no such file" in result.output

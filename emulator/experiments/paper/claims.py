@@ -158,7 +158,7 @@ def equal_step_experiment(profile: Profile, out: Path, backend: str, dataset: st
 MINUTES_PER_RUN = {"bytes": 0.0, "alphas": 92 / 27, "methods": 92 / 27, "claim6": 21 / 16, "c191": 92 / 27,
                    "equal_step": 92 / 27, "staleness": 23 / 18, "ingress": 31 / 18, "heterogeneity": 22 / 9,
                    "crash": 22 / 9, "availability": 24 / 9, "two_way": 7777 / 48 / 60, "two_way_time": 1661 / 6 / 60,
-                   "servers": 6.0}  # servers: not measured yet; 240 s of training and about 2 min of boot and teardown
+                   "servers": 6.0, "federated": 6.0}  # servers, federated: not measured yet; 240 s of training and about 2 min of boot and teardown
 
 
 def budget(profile: Profile, dataset: str = "fashion-mnist") -> list[tuple[str, int, float]]:
@@ -186,6 +186,7 @@ def budget(profile: Profile, dataset: str = "fashion-mnist") -> list[tuple[str, 
         "equal_step": (p.runs if (p := plan_equal_step(profile, dataset, {m: -1.0 for m in profile.equal_step_methods}))
                        else 0),
         "servers": len(profile.servers_methods) * profile.servers_repeat,
+        "federated": len(profile.federated_links) * len(profile.federated_methods) * profile.federated_repeat,
     }
     return [(name, runs, runs * MINUTES_PER_RUN.get(name, 0.0)) for name, runs in counts.items()]
 

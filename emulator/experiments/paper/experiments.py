@@ -321,6 +321,38 @@ def servers_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
                    runs=[result["runs"]])
 
 
+def federated_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
+    """Beyond the paper: federated learning's methods on the same devices (docs/FEDERATED.md). FedAvg
+    and FedBuff, dense and with top-k + error feedback and delta pulls, against AdaComp and ASGD, per
+    link profile, paired seeds: final accuracy and time to target (intervals), bytes both ways per
+    server step and per round, and the accuracy against ingress bytes (each comparison's figure)."""
+    if not profile.federated_methods:
+        return Section("Federated methods", ["Not in this profile."], [], "-")
+    base = profile.overrides("federated", dataset)
+    body = ["FedAvg (synchronous rounds of sampled clients, a deadline for stragglers) and FedBuff (buffered "
+            "asynchronous aggregation), each with H local steps a push, dense or with top-k + error feedback and delta "
+            "pulls, against AdaComp and ASGD on the same devices. An update of a federated method is one server step "
+            "(an aggregation), so bytes per update are per server step.", ""]
+    failures, commands, counted = [], [], []
+    for link in profile.federated_links:
+        title, link_sets = LINKS[link]
+        result = run_comparison(f"federated-{link}", list(profile.federated_methods), [*base, *link_sets],
+                                profile.federated_repeat, out, backend, say)
+        commands.append(result["command"])
+        counted.append(result["runs"])
+        failures += comparison_failures(result, f"federated ({title})")
+        body += [f"### {title}", "", "| method | final accuracy | time to target (s) | up B / server step | "
+                 "down B / server step | two-way B / server step |", "|---|---|---|---:|---:|---:|"]
+        for entry in result["table"]["aggregate"]:
+            body.append(f"| {entry['method']}{(' (' + entry['flagged'] + ')') if entry.get('flagged') else ''} | "
+                        f"{interval_cell(entry['final_accuracy'], '.4f')} | {interval_cell(entry['time_to_target'], '.1f')} | "
+                        f"{interval_cell(entry['bytes_per_update'], ',.0f')} | {interval_cell(entry['down_bytes_per_update'], ',.0f')} | "
+                        f"{interval_cell(entry['two_way_bytes_per_update'], ',.0f')} |")
+        body += ["", f"Rounds, accuracy against ingress bytes and the paired verdicts: {result['directory']}/compare.md.", ""]
+    body.append("Intervals: mean ± 95 % Student-t half-width over the paired repetitions (n).")
+    return Section("Federated methods", body, [], " ; ".join(commands), failures, runs=counted)
+
+
 def _device_sweep(name: str, title: str, scenario: str, key: str, values: str):
     """One device setting swept over the profile's ``values`` (an attribute name), with its overrides."""
 
@@ -351,4 +383,5 @@ EXPERIMENTS = {
     "c191": c191_experiment,
     "equal_step": equal_step_experiment,
     "servers": servers_experiment,
+    "federated": federated_experiment,
 }

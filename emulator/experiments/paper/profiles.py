@@ -19,6 +19,16 @@ PAPER_DEVICES = ("workers[0].count=64", "workers[0].cpus=0.02")
 PAPER_LENGTH = ("training.max_updates=20000", "training.eval_every=1000 updates")
 
 
+_LOCAL = "training.learning_rate=0.02:local=10"
+_SPARSE = "topk:c=0.01:error_feedback=true:rule=plain:pull=delta"
+FEDAVG = "aggregation.name=fedavg:aggregation.sample=16:aggregation.deadline=60s"
+FEDBUFF = "aggregation.name=fedbuff:aggregation.buffer=10"
+FEDERATED_METHODS = (
+    "asgd:training.learning_rate=0.001", "adacomp:c=0.01:training.learning_rate=0.02",
+    f"asgd:{_LOCAL}:{FEDAVG}", f"{_SPARSE}:{_LOCAL}:{FEDAVG}", f"asgd:{_LOCAL}:{FEDBUFF}", f"{_SPARSE}:{_LOCAL}:{FEDBUFF}",
+)
+
+
 @dataclass(frozen=True)
 class Profile:
     methods: tuple[str, ...]
@@ -83,6 +93,12 @@ class Profile:
     servers_methods: tuple[str, ...] = ()
     servers_overrides: tuple[str, ...] = ()
     servers_repeat: int = 3
+    # Federated methods beside AdaComp and ASGD (docs/FEDERATED.md): FedAvg and FedBuff, dense and
+    # with top-k + error feedback and delta pulls, per link profile, paired seeds (none: skipped).
+    federated_methods: tuple[str, ...] = ()
+    federated_links: tuple[str, ...] = ("symmetric", "home")
+    federated_overrides: tuple[str, ...] = ()
+    federated_repeat: int = 3
 
     def step_grids(self) -> dict[str, tuple[float, ...]]:
         """The step-size grid per method: ``alpha_grids`` where given, else every ``alpha_methods`` at ``alpha_grid``."""
@@ -183,6 +199,10 @@ PROFILES = {
         servers_methods=("asgd:training.learning_rate=0.001", "asgd:training.learning_rate=0.001:server.shards=2",
                          "asgd:training.learning_rate=0.001:server.shards=4", "adacomp:c=0.01:training.learning_rate=0.02"),
         servers_overrides=PAPER_DEVICES + ("training.duration=240s", "training.max_updates=null", "training.eval_every=20s"),
+        # 64 devices, 240 s a run. Local steps at AdaComp's 0.02 (not tuned for them); 10 local steps a
+        # push (an epoch of a 938-example shard would be 93 steps: one round in most of a run at 0.02 core).
+        federated_methods=FEDERATED_METHODS,
+        federated_overrides=PAPER_DEVICES + ("training.duration=240s", "training.max_updates=null", "training.eval_every=20s"),
     ),
     "smoke": Profile(
         methods=("asgd", "adacomp:c=0.01"),

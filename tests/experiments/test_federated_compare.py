@@ -1,0 +1,51 @@
+"""Federated methods in a comparison: method specs with nested keys, the rounds table."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import SCENARIOS
+
+from emulator.backends.local import zygote_address
+from emulator.experiments.compare import parse_method_spec, plan_comparison, rounds_table
+from emulator.planning.problems import ScenarioError
+
+
+def test_a_federated_method_as_a_compare_spec():
+    spec = parse_method_spec("topk:c=0.1:local=5:aggregation.name=fedbuff:aggregation.buffer=2")
+    assert spec.overrides[-2:] == ("method.aggregation.name=fedbuff", "method.aggregation.buffer=2")
+    runs = plan_comparison(SCENARIOS / "quickstart.yaml", ["adacomp", spec.label])
+    assert len(runs) == 2
+    with pytest.raises(ScenarioError, match="method.aggregation.sample: 9 clients per round is above the population"):
+        plan_comparison(SCENARIOS / "quickstart.yaml", ["asgd:aggregation.name=fedavg:aggregation.sample=9"])
+
+
+def test_the_rounds_table_lists_the_federated_runs_only():
+    rows = [{"method": "asgd", "run_id": "01-asgd", "rounds": None},
+            {"method": "fedavg", "run_id": "02-fedavg", "rounds": {"count": 12, "mean_duration_s": 1.2, "mean_participants": 2.5,
+                                                                  "stragglers_dropped": 3, "up_bytes_per_round": 589329.0,
+                                                                  "down_bytes_per_round": 1077894.7}}]
+    lines = rounds_table(rows)
+    assert lines[-2] == "| `fedavg` | 02-fedavg | 12 | 1.200 | 2.50 | 3 | 589,329 | 1,077,895 |"
+    assert rounds_table(rows[:1]) == []
+
+
+def test_a_long_run_id_still_names_a_zygote_socket():
+    address = zygote_address("03-" + "x" * 200, 12345)
+    assert len(address.encode()) <= 107 and address != zygote_address("03-" + "x" * 199, 12345)
+
+
+def test_the_federated_experiment_plans_at_the_paper_profiles_scale():
+    """Defined, not run here: its comparison plans on the paper's methods scenario at 64 devices (every
+    method spec valid), and the budget counts its runs."""
+    from emulator.experiments.paper.claims import budget
+    from emulator.experiments.paper.profiles import LINKS, PAPER, PROFILES
+
+    profile = PROFILES["paper"]
+    for link in profile.federated_links:
+        runs = plan_comparison(PAPER / "methods.yaml", list(profile.federated_methods),
+                               [*profile.overrides("federated", "mnist-5k"), *LINKS[link][1]], repeat=profile.federated_repeat)
+        assert len(runs) == len(profile.federated_methods) * profile.federated_repeat
+    rows = {name: runs for name, runs, _ in budget(profile)}
+    assert rows["federated"] == 2 * 6 * 3
+    assert budget(PROFILES["smoke"])[-1] == ("federated", 0, 0.0)
