@@ -1,0 +1,174 @@
+"""What time things take in the virtual backend: CPU under a CFS quota, and TCP over shaped links.
+
+CPU: a device with ``cpus`` q < 1 under the kernel's CFS bandwidth control may run q * period
+seconds in each period, then waits for the next one. A 1.5 ms compression that starts after
+the gradient spent the period's quota waits for the next period: measured at 59 ms of wall time
+under Docker. So the quota is modelled period by period (:class:`CpuQuota`), not as a slowdown
+of 1/q, which would get both the short phases and the period's effect wrong. A device runs
+one thread of work at a time; q >= 1 runs at full speed.
+
+Links: a transfer of B payload bytes is shaped at the device's rate on the wire (payload plus
+TCP/IP headers per segment, :data:`WIRE_OVERHEAD`), capped by the TCP throughput a lossy path
+allows (Mathis et al.: MSS / RTT * sqrt(3/2) / sqrt(p)), arrives one delay later, and shares the
+server's link with the transfers in flight at the same time (:class:`SharedLink`: max-min fair
+shares, each flow also capped by its own device's rate). Not modelled: slow start after idle,
+queueing delay in the shapers' buffers, retransmission timeouts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from emulator.backends.virtual.clock import Clock, Handle
+
+MSS = 1448  # TCP payload per segment with timestamps, on a 1500-byte MTU
+WIRE_OVERHEAD = (MSS + 52 + 14) / MSS  # IP + TCP (with timestamps) + Ethernet headers per segment, as tc counts them
+CFS_PERIOD_S = 0.1  # Linux's default cpu.cfs_period_us (Docker's --cpus sets the quota against it)
+
+
+class CpuQuota:
+    """One device's CPU under a CFS quota: when a burst of CPU work started now ends."""
+
+    def __init__(self, cpus: float, period_s: float = CFS_PERIOD_S):
+        self.period_s = period_s
+        self.set(cpus)
+        self._period = -1
+        self._used = 0.0
+
+    def set(self, cpus: float) -> None:
+        """Change the quota (a ``cpus`` fault or a compute trace); takes effect at once."""
+        self.cpus = cpus
+
+    def finish(self, start_s: float, cpu_s: float) -> float:
+        """The virtual time at which ``cpu_s`` seconds of one thread's work begun at ``start_s`` end."""
+        if self.cpus >= 1.0:
+            return start_s + cpu_s
+        budget = self.cpus * self.period_s
+        t, left = start_s, cpu_s
+        while left > 1e-12:
+            k = math.floor(t / self.period_s + 1e-12)
+            if k != self._period:
+                self._period, self._used = k, 0.0
+            end = (k + 1) * self.period_s
+            room = min(budget - self._used, end - t)
+            if room <= 1e-12:
+                t = end
+                continue
+            run = min(left, room)
+            t += run
+            left -= run
+            self._used += run
+        return t
+
+
+def tcp_rate_bps(rate_bps: float | None, delay_s: float, loss: float) -> float:
+    """Payload bits per second a long TCP transfer gets: the shaped rate less headers, capped by loss."""
+    rate = math.inf if not rate_bps else rate_bps / WIRE_OVERHEAD
+    if loss > 0:
+        rtt = max(2 * delay_s, 1e-4)
+        rate = min(rate, MSS * 8 / rtt * math.sqrt(1.5) / math.sqrt(loss))
+    return rate
+
+
+class _Flow:
+    __slots__ = ("left_bits", "cap_bps", "rate_bps", "done")
+
+    def __init__(self, bits: float, cap_bps: float, done: Callable[[], None]):
+        self.left_bits = bits
+        self.cap_bps = cap_bps
+        self.rate_bps = 0.0
+        self.done = done
+
+
+class SharedLink:
+    """One direction of the server's link: concurrent transfers share its rate max-min fairly,
+    each flow also capped by its own device's rate; ``rate_bps`` None is unshaped."""
+
+    def __init__(self, clock: Clock, rate_bps: float | None):
+        self.clock = clock
+        self.rate_bps = math.inf if not rate_bps else rate_bps / WIRE_OVERHEAD
+        self.flows: list[_Flow] = []  # in start order: deterministic
+        self._last = 0.0
+        self._next: Handle | None = None
+
+    def send(self, bits: float, cap_bps: float, done: Callable[[], None]) -> _Flow:
+        """Start a transfer of ``bits``; ``done()`` runs when its last bit has left."""
+        self._advance()
+        flow = _Flow(bits, cap_bps, done)
+        if bits <= 0:
+            self.clock.after(0.0, done)
+            return flow
+        if math.isinf(self.rate_bps):  # an unshaped server link: flows do not meet, each goes at its own rate
+            self.clock.after(0.0 if math.isinf(cap_bps) else bits / cap_bps, done)
+            return flow
+        self.flows.append(flow)
+        self._reschedule()
+        return flow
+
+    def drop(self, flow: _Flow) -> None:
+        """A transfer whose device crashed stops taking a share."""
+        if flow in self.flows:
+            self._advance()
+            self.flows.remove(flow)
+            self._reschedule()
+
+    def set_rate(self, rate_bps: float | None) -> None:
+        self._advance()
+        self.rate_bps = math.inf if not rate_bps else rate_bps / WIRE_OVERHEAD
+        self._reschedule()
+
+    def _advance(self) -> None:
+        elapsed = self.clock.now - self._last
+        if elapsed > 0:
+            for flow in self.flows:
+                flow.left_bits -= flow.rate_bps * elapsed
+        self._last = self.clock.now
+
+    def _share(self) -> None:
+        """Water-filling: flows capped below an equal share keep their cap, the rest split what is left."""
+        left, open_flows = self.rate_bps, sorted(self.flows, key=lambda f: f.cap_bps)
+        n = len(open_flows)
+        for i, flow in enumerate(open_flows):
+            fair = left / (n - i)
+            flow.rate_bps = min(flow.cap_bps, fair)
+            left -= flow.rate_bps
+
+    def _reschedule(self) -> None:
+        if self._next is not None:
+            self._next.cancel()
+            self._next = None
+        finished = [f for f in self.flows if f.left_bits <= 1e-6]
+        for flow in finished:
+            self.flows.remove(flow)
+            self.clock.after(0.0, flow.done)
+        if not self.flows:
+            return
+        self._share()
+        soonest = min(f.left_bits / f.rate_bps for f in self.flows)
+        self._next = self.clock.after(soonest, self._tick)
+
+    def _tick(self) -> None:
+        self._next = None
+        self._advance()
+        for flow in self.flows:  # float residue of the soonest flow
+            if flow.left_bits <= flow.rate_bps * 1e-9:
+                flow.left_bits = 0.0
+        self._reschedule()
+
+
+@dataclass(frozen=True)
+class Path:
+    """One device's side of a transfer: its shaped rate, one-way delay, jitter and loss."""
+
+    rate_bps: float | None
+    delay_s: float
+    jitter_s: float
+    loss: float
+
+    def cap_bps(self) -> float:
+        return tcp_rate_bps(self.rate_bps, self.delay_s, self.loss)
+
+
+__all__ = ["CFS_PERIOD_S", "CpuQuota", "MSS", "Path", "SharedLink", "WIRE_OVERHEAD", "tcp_rate_bps"]
