@@ -58,6 +58,8 @@ class Simulation(controller.Emulation):
         self.calibration: dict | None = None
         self._buffer: dict[str, list[dict]] = {}
         self._buffered = 0
+        self._scheduled: set[int] = set()  # the injector's pending events given an instant
+        self.loop_wall_s = None  # wall seconds of the event loop alone (real work included)
 
     def now(self) -> float:
         return self.sim.clock.now if self.sim is not None else 0.0
@@ -154,17 +156,33 @@ class Simulation(controller.Emulation):
         self.event("training_started", boot_s=0.0)
         sim.start(method)
         for event in plan.events:
-            sim.clock.at(event.time_s, self.faults.advance, event.time_s, self.state.pushes_of)
+            sim.clock.at(event.time_s, self._advance)
         if plan.triggers:
-            sim.on_update = lambda: self.faults.advance(sim.clock.now, self.state.pushes_of)
+            sim.on_update = self._advance
         sim.on_all_down = lambda: None if self.faults.restart_ahead else sim.stop("stopped by controller")
         duration = plan.training["duration"]
         if duration:
             sim.clock.at(duration, sim.stop, "stopped by controller")
+        started, evaluated = time.perf_counter(), sim.floor.evaluate_s
         sim.run()
+        self.loop_wall_s = time.perf_counter() - started - (sim.floor.evaluate_s - evaluated)  # the evaluator's work is not per update
         if not sim.ended:  # nothing left to happen (every worker down for good)
             sim.stop("stopped by controller")
         return self.state.done_reason or "done"
+
+    def _advance(self) -> None:
+        """The fault injector at this virtual instant; what its triggers scheduled gets its own instant."""
+        self.faults.advance(self.sim.clock.now, self.state.pushes_of)
+        for event in self.faults.pending:
+            if id(event) not in self._scheduled:
+                self._scheduled.add(id(event))
+                self.sim.clock.at(event.time_s, self._advance)
+
+    def _logs(self) -> None:
+        """Every device has its log, as on every backend: here what ran it."""
+        for device in self.plan.devices:
+            self.rundir.log_path(device.name).write_text(
+                f"{device.name}: simulated in the controller's process on the virtual clock (backend virtual); no program of its own ran\n")
 
     def run(self) -> dict:
         wall = time.perf_counter()
@@ -172,6 +190,7 @@ class Simulation(controller.Emulation):
         try:
             self.status = "preparing"
             self._prepare()
+            self._logs()
             self.status = "running"
             reason = self._simulate()
             self.training_end = self.sim.end_time
@@ -210,6 +229,12 @@ class Simulation(controller.Emulation):
             out.update(gradient_s=round(floor.gradient_s, 3), compress_s=round(floor.compress_s, 3), server_s=round(floor.server_s, 3),
                        evaluate_s=round(floor.evaluate_s, 3), floor_s=round(floor.work_s, 3), events=sim.clock.executed,
                        virtual_s=round(sim.clock.now, 6))
+            if self.loop_wall_s is not None:
+                loop = self.loop_wall_s
+                out.update(loop_wall_s=round(self.loop_wall_s, 3),
+                           loop_wall_per_update_ms=round(1000 * loop / max(1, updates), 3),
+                           floor_per_update_ms=round(1000 * floor.work_s / max(1, updates), 3),
+                           wall_over_floor=round(loop / floor.work_s, 3) if floor.work_s else None)
         return out
 
 
