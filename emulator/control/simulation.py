@@ -100,7 +100,10 @@ class Simulation(controller.Emulation):
         self.layout = model_def.layout(self.shards.input_shape, self.shards.classes)
         self.rundir.write_json("data.json", {**self.shards.to_json(), "files": datasets.provenance(plan.dataset)})
         self.bundle = workload.write(self.rundir.path, user_files(plan), model_def.initial_values(self.layout, plan.seed))
-        self.rundir.write_json("mechanisms.json", {d.name: self.backend.mechanisms(d) for d in plan.devices})
+        mechanisms = {d.name: self.backend.mechanisms(d) for d in plan.devices}
+        self.rundir.write_json("mechanisms.json", mechanisms)
+        for line in controller.unemulated(mechanisms, self.backend.name) + self.backend.warnings(plan):
+            self.say(line)
         self.event("run_started", run_id=self.rundir.run_id, backend=self.backend.name, clock="virtual", dataset=self.shards.source,
                    parameters=self.layout.total, workers=len(plan.workers))
         self.say(f"run {self.rundir.run_id}: {len(plan.workers)} workers, method {plan.method.label}, "
@@ -238,4 +241,23 @@ class Simulation(controller.Emulation):
         return out
 
 
-__all__ = ["Simulation", "build_model", "calibration_path"]
+def calibrate(plan, out: str | Path | None = None, repeat: int = 30, command: str = "emulate calibrate") -> tuple[Path, dict]:
+    """Measure, on this machine, the CPU seconds the virtual clock needs for ``plan`` (its model and
+    batch, compressor, rule and pull mode) and store them, replacing older entries of the same keys;
+    returns the file and the entries. ``emulate calibrate`` calls this."""
+    from compression import compiled
+
+    compiled.enable()
+    shards = datasets.prepare_shards(plan.dataset, len(plan.workers), seed=plan.seed, cache_dir=controller.cache_dir() / "data")
+    model_def = workload.model_of(plan)
+    layout = model_def.layout(shards.input_shape, shards.classes)
+    model = build_model(plan, shards.input_shape, shards.classes)
+    x, y = load_shard(shards.shards[0])
+    keys = calibration.keys_of(plan, shards.input_shape, shards.classes)
+    store = calibration.Store(out or calibration_path())
+    entries = calibration.measure(plan, layout, model, x, y, keys, repeat=repeat, command=command)
+    store.add(entries)
+    return store.path, entries
+
+
+__all__ = ["Simulation", "build_model", "calibrate", "calibration_path"]

@@ -19,6 +19,7 @@ MODELLED_ACTIONS = ("crash", "restart", "pause", "resume", "cpus", "link", "part
 class VirtualBackend(Backend):
     name = "virtual"
     clock = "virtual"
+    cpu_limited_by_host = False  # simulated devices take no core of this machine's while they wait
 
     def __init__(self, say=None):
         super().__init__(say)
@@ -33,16 +34,37 @@ class VirtualBackend(Backend):
     def refuses(cls, plan) -> list[tuple[str, str]]:
         """(field, why) for every property of ``plan`` this backend does not model."""
         out = []
+        if len(plan.servers) > 1:
+            out.append(("server.shards", f"{len(plan.servers)} servers: the virtual backend simulates one parameter server"))
+        where = {"schedule": "faults.at", "random": "faults.crash", "trigger": "faults.triggers"}
         for event in plan.events:
+            path = where.get(event.source, f"{event.source} (traces)")
             if event.action not in MODELLED_ACTIONS:
-                out.append(("faults", f"the {event.action!r} event ({event.target} at {event.time_s:g} s) is not modelled by the virtual backend"))
-            elif event.target in (plan.server.name, plan.evaluator.name):
-                out.append(("faults", f"a {event.action} of the {event.target} ({event.time_s:g} s) is not modelled by the virtual backend "
-                                      "(server checkpoints and restores are not simulated); run it on docker or local"))
-        for i, device in enumerate(plan.workers):
-            if device.cpus > 1.0:
-                out.append((f"workers (worker-{i})", f"cpus {device.cpus:g} > 1: the virtual backend models one thread per device"))
-                break
+                out.append((path, f"the {event.action!r} event ({event.target} at {event.time_s:g} s) is not modelled by the virtual backend"))
+            elif plan.is_server(event.target) or event.target == plan.evaluator.name:
+                out.append((path, f"a {event.action} of the {event.target} ({event.time_s:g} s) is not modelled by the virtual backend "
+                                  "(a server's checkpoint, restore and reconnections are not simulated); run it on docker or local"))
+        for trigger in plan.triggers:
+            if plan.is_server(trigger.get("worker", "")):
+                out.append(("faults.triggers", f"a trigger on the {trigger['worker']} is not modelled by the virtual backend"))
+        groups = {}
+        for device in plan.workers:
+            if device.cpus > 1.0 and device.group not in groups:
+                groups[device.group] = device
+                out.append((f"workers ({device.group or device.name}).cpus", f"{device.cpus:g} cores for {device.name}: the virtual "
+                            "backend models one thread per device (calibrated on one thread); give at most 1"))
+        return out
+
+    @staticmethod
+    def warnings(plan) -> list[str]:
+        """What the virtual clock runs without, said on the console before the run."""
+        out = []
+        limited = [d.name for d in plan.devices if d.memory_bytes]
+        if limited:
+            out.append(f"warning: the virtual backend does not model memory limits: {', '.join(limited[:4])}"
+                       f"{f' and {len(limited) - 4} more' if len(limited) > 4 else ''} run without them (no swapping, no OOM kill)")
+        if plan.checkpoint.get("enabled"):
+            out.append("note: the virtual backend takes no checkpoints (no server fault is simulated that would need one)")
         return out
 
     def prepare(self, ctx, devices):
