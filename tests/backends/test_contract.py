@@ -86,7 +86,9 @@ def contract_run(request, tmp_path_factory) -> tuple[str, dict, Path]:
     out = tmp_path_factory.mktemp(f"contract-{name}")
     path = out / "contract.yaml"
     path.write_text(SCENARIO)
-    summary, run = run_scenario(path, out / "runs", backend=name, check_fidelity=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDGE_EMULATOR_CALIBRATION", str(out / "calibration.json"))  # the virtual clock's, measured here, not the user's
+        summary, run = run_scenario(path, out / "runs", backend=name, check_fidelity=False)
     return name, summary, run
 
 

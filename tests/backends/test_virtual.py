@@ -77,6 +77,12 @@ def test_the_server_link_is_shared_max_min_among_the_transfers_in_flight():
     link.send(0.8 * payload, math.inf, lambda: done.setdefault("fast", clock.now))  # takes what is left
     clock.run()
     assert done["slow"] == pytest.approx(1.0) and done["fast"] == pytest.approx(1.0)
+    clock, done = Clock(), {}
+    link = SharedLink(clock, 1e6)
+    link.send(0.5 * payload, math.inf, lambda: done.setdefault("short", clock.now))
+    link.send(1.5 * payload, math.inf, lambda: done.setdefault("long", clock.now))
+    clock.run()  # half each until the short one ends at 1 s; then the long one has the link: its last 1.0 by 2 s
+    assert done["short"] == pytest.approx(1.0) and done["long"] == pytest.approx(2.0)
 
 
 def test_loss_caps_tcp_throughput_and_headers_cost_their_share():
