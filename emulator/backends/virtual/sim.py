@@ -246,9 +246,8 @@ class Simulator:
         w.flows.clear()
         w.deferred.clear()
         w.blocked_sends.clear()
-        with self.server.cond:
-            self.server.rule.forget(w.index)
-        self.server_tel.event("disconnected", worker=w.index, pending=pending)
+        # The server learns of it one delay later, behind whatever frame had already left (TCP keeps order).
+        self.clock.after(self._delay(w), self._at_server, w, w.gen, "close", b"", 0, int(pending))
         if all(not v.alive for v in self.workers.values()) and self.on_all_down is not None:
             self.on_all_down()
 
@@ -335,13 +334,19 @@ class Simulator:
 
     def _at_server(self, w: Worker, gen: int, kind: MsgType, body, t0: int, flags: int) -> None:
         """A request has arrived: it waits for the server (first come, first served), then is served."""
-        cpu = self.costs.serve_s if kind == MsgType.PUSH else self.costs.pull_s
+        cpu = self.costs.serve_s if kind == MsgType.PUSH else 0.0 if kind == "close" else self.costs.pull_s
         start = max(self.clock.now, self.server_free)
         self.server_free = self.server_cpu.finish(start, cpu)
         self.clock.at(start, self._serve, w, gen, kind, body, t0, flags, self.server_free - start)
 
     def _serve(self, w: Worker, gen: int, kind: MsgType, body, t0: int, flags: int, service_s: float) -> None:
         server, channel = self.server, FrameChannel()
+        if kind == "close":  # the connection's end, as serve_connection's finally sees it
+            if not (w.alive and gen == w.gen):  # unless a new incarnation has connected since
+                with server.cond:
+                    server.rule.forget(w.index)
+            self.server_tel.event("disconnected", worker=w.index, pending=bool(flags))
+            return
         started = time.perf_counter()
         if kind == MsgType.PUSH:
             frame_bytes = protocol.HEADER.size + len(body)
@@ -403,6 +408,8 @@ class Simulator:
         c0 = time.perf_counter()
         xb, yb = w.sampler.next()
         loss, grad = self.model.gradient(w.params, xb, yb)
+        if self.method.pull.every == 1 and w.copy is None:
+            w.params = None  # every push is answered with a model: this one is not needed again (memory at scale)
         c1 = time.perf_counter()
         message, flags = push_body(w.compressor, np.split(grad, self.splits), self.layout, w.wire)
         c2 = time.perf_counter()

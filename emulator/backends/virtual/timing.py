@@ -88,10 +88,10 @@ class SharedLink:
     """One direction of the server's link: concurrent transfers share its rate max-min fairly,
     each flow also capped by its own device's rate; ``rate_bps`` None is unshaped.
 
-    Each flow has its own completion event. While the flows' caps add up to no more than the
-    link, none slows another, and a flow that starts or ends touches only itself; only when they
-    contend are the shares computed again (water-filling) and the flows whose rate changed
-    rescheduled. So a thousand devices on a link they do not saturate cost O(1) per transfer.
+    While the flows' caps add up to no more than the link, none slows another: each flow has its
+    own completion event, and one that starts or ends touches only itself (O(1)). While they
+    contend, every start or end computes the shares again (water-filling) and one event waits
+    for the earliest completion (O(n) per change, n the flows in flight).
     """
 
     def __init__(self, clock: Clock, rate_bps: float | None):
@@ -99,6 +99,11 @@ class SharedLink:
         self.rate_bps = math.inf if not rate_bps else rate_bps / WIRE_OVERHEAD
         self.flows: dict[_Flow, None] = {}  # in start order: deterministic
         self.sum_caps = 0.0
+        self._tick: Handle | None = None  # the earliest completion, while contended
+
+    @property
+    def contended(self) -> bool:
+        return self.sum_caps > self.rate_bps
 
     def send(self, bits: float, cap_bps: float, done: Callable[[], None]) -> _Flow:
         """Start a transfer of ``bits``; ``done()`` runs when its last bit has left."""
@@ -109,11 +114,12 @@ class SharedLink:
         if math.isinf(self.rate_bps):  # an unshaped server link: flows do not meet, each goes at its own rate
             self.clock.after(bits / cap_bps, done)
             return flow
-        contended = self.sum_caps > self.rate_bps
+        was = self.contended
+        self._advance()
         self.flows[flow] = None
         self.sum_caps += cap_bps
-        if not contended and self.sum_caps <= self.rate_bps:
-            self._go(flow, cap_bps)
+        if not was and not self.contended:
+            self._own(flow)
         else:
             self._reshare()
         return flow
@@ -124,41 +130,74 @@ class SharedLink:
             self._remove(flow)
 
     def set_rate(self, rate_bps: float | None) -> None:
+        self._advance()
         self.rate_bps = math.inf if not rate_bps else rate_bps / WIRE_OVERHEAD
         self._reshare()
 
-    def _go(self, flow: _Flow, rate_bps: float) -> None:
+    def _advance(self) -> None:
+        """Bring every flow's remaining bits to now, at the rate it had."""
         now = self.clock.now
-        flow.left_bits = max(0.0, flow.left_bits - flow.rate_bps * (now - flow.since))
-        flow.since, flow.rate_bps = now, rate_bps
-        if flow.handle is not None:
-            flow.handle.cancel()
-        flow.handle = self.clock.after(flow.left_bits / rate_bps, self._finish, flow)
+        for flow in self.flows:
+            if flow.since != now:
+                flow.left_bits = max(0.0, flow.left_bits - flow.rate_bps * (now - flow.since))
+                flow.since = now
+
+    def _own(self, flow: _Flow) -> None:
+        """Uncontended: the flow at its cap, with its own completion event."""
+        flow.rate_bps = flow.cap_bps
+        flow.handle = self.clock.after(flow.left_bits / flow.rate_bps, self._finish, flow)
 
     def _remove(self, flow: _Flow) -> None:
         if flow.handle is not None:
             flow.handle.cancel()
             flow.handle = None
-        contended = self.sum_caps > self.rate_bps
+        was = self.contended
+        if was:
+            self._advance()
         del self.flows[flow]
-        self.sum_caps = sum(f.cap_bps for f in self.flows) if contended or math.isinf(flow.cap_bps) else self.sum_caps - flow.cap_bps
-        if contended:
+        self.sum_caps = sum(f.cap_bps for f in self.flows)
+        if was:
             self._reshare()
 
     def _finish(self, flow: _Flow) -> None:
         flow.handle = None
+        flow.left_bits, flow.since = 0.0, self.clock.now
         self._remove(flow)
         flow.done()
 
     def _reshare(self) -> None:
-        """Water-filling: flows capped below an equal share keep their cap, the rest split what is left."""
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        for flow in self.flows:
+            if flow.handle is not None:
+                flow.handle.cancel()
+                flow.handle = None
+        if not self.flows:
+            return
+        if not self.contended:  # back to independent flows
+            for flow in self.flows:
+                self._own(flow)
+            return
+        # Water-filling: flows capped below an equal share keep their cap, the rest split what is left.
         left, ordered = self.rate_bps, sorted(self.flows, key=lambda f: f.cap_bps)
         n = len(ordered)
         for i, flow in enumerate(ordered):
-            rate = min(flow.cap_bps, left / (n - i))
-            left -= rate
-            if rate != flow.rate_bps or flow.handle is None:
-                self._go(flow, rate)
+            flow.rate_bps = min(flow.cap_bps, left / (n - i))
+            left -= flow.rate_bps
+        soonest = min(self.flows, key=lambda f: f.left_bits / f.rate_bps)
+        self._tick = self.clock.after(soonest.left_bits / soonest.rate_bps, self._contended_tick)
+
+    def _contended_tick(self) -> None:
+        self._tick = None
+        self._advance()
+        finished = [f for f in self.flows if f.left_bits <= f.rate_bps * 1e-9]
+        for flow in finished:
+            del self.flows[flow]
+        self.sum_caps = sum(f.cap_bps for f in self.flows)
+        self._reshare()
+        for flow in finished:
+            flow.done()
 
 
 @dataclass(frozen=True)
