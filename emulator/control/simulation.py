@@ -22,7 +22,7 @@ import numpy as np
 
 from emulator import datasets
 from emulator.backends.virtual import calibration
-from emulator.backends.virtual.sim import Costs, Simulator
+from emulator.backends.virtual.sim import Costs, Simulator, spread
 from emulator.control import controller, workload
 from emulator.planning.workload import user_files
 from emulator.runtime.data import load_shard
@@ -123,8 +123,10 @@ class Simulation(controller.Emulation):
         self.rundir.write_json("calibration.json", used)
         entries = used["entries"]
         server = entries[keys.server]
-        return Costs(step_s=entries[keys.step]["cpu_s"], compress_s=entries[keys.compress]["cpu_s"],
-                     serve_s=server["cpu_s"], pull_s=server.get("pull_cpu_s", server["cpu_s"]))
+        step, compress = entries[keys.step], entries[keys.compress]
+        return Costs(step_s=step["cpu_s"], compress_s=compress["cpu_s"], serve_s=server["cpu_s"],
+                     pull_s=server.get("pull_cpu_s", server["cpu_s"]), step_spread=spread(step["p10_s"], step["p90_s"]),
+                     compress_spread=spread(compress["p10_s"], compress["p90_s"]))
 
     def _simulate(self) -> str:
         plan = self.plan

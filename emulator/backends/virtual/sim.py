@@ -60,6 +60,21 @@ class Costs:
     compress_s: float
     serve_s: float  # decode + apply + reply
     pull_s: float  # a plain pull's reply
+    step_spread: float = 0.0  # sigma of log(step CPU): each step draws its CPU around the median (0: every step the median)
+    compress_spread: float = 0.0
+
+    def draw(self, rng: np.random.Generator) -> tuple[float, float]:
+        """One step's gradient and compression CPU seconds: lognormal around the calibrated medians,
+        with the calibrated spread, so identical devices do not fall into lockstep."""
+        if not (self.step_spread or self.compress_spread):
+            return self.step_s, self.compress_s
+        a, b = rng.standard_normal(2)
+        return self.step_s * float(np.exp(self.step_spread * a)), self.compress_s * float(np.exp(self.compress_spread * b))
+
+
+def spread(p10_s: float, p90_s: float) -> float:
+    """Sigma of a lognormal whose 10th and 90th percentiles are these."""
+    return float(np.log(p90_s / p10_s) / (2 * 1.2815515655446004)) if p10_s > 0 and p90_s > p10_s else 0.0
 
 
 @dataclass
@@ -85,7 +100,7 @@ class Worker:
     link: object  # LinkConfig now in force
     x: np.ndarray
     y: np.ndarray
-    jitter: np.random.Generator
+    jitter: np.random.Generator  # this device's draws: link jitter, step CPU
     incarnation: int = 0
     alive: bool = False
     paused: bool = False
@@ -419,9 +434,10 @@ class Simulator:
         if w.since_pull < self.method.pull.every:
             flags |= Flag.NO_MODEL
         now = self.clock.now
-        computed = w.cpu.finish(now, self.costs.step_s)
-        compressed = w.cpu.finish(computed, self.costs.compress_s)
-        w.step_wall = (computed - now, compressed - computed, self.costs.step_s, self.costs.compress_s)
+        step_s, compress_s = self.costs.draw(w.jitter)
+        computed = w.cpu.finish(now, step_s)
+        compressed = w.cpu.finish(computed, compress_s)
+        w.step_wall = (computed - now, compressed - computed, step_s, compress_s)
         w.stats.loss += loss
         w.stats.non_finite += bool(flags & Flag.NON_FINITE)
         w.phase = "compute"
@@ -460,4 +476,4 @@ class Simulator:
         self.sink("events", {"ts": round(self.clock.now, 6), "source": w.name, "kind": "worker_finished", "worker": w.index})
 
 
-__all__ = ["Costs", "Floor", "FrameChannel", "Simulator"]
+__all__ = ["Costs", "Floor", "FrameChannel", "Simulator", "spread"]
