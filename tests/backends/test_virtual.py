@@ -165,3 +165,21 @@ def test_the_command_line_refuses_it_with_exit_2(tmp_path):
     result = CliRunner().invoke(main, ["run", str(path), "--backend", "virtual", "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2, result.output
     assert "faults.at" in result.output and "not modelled by the virtual backend" in result.output
+
+
+def test_calibrate_measures_what_a_scenario_needs_with_its_provenance(tmp_path):
+    from click.testing import CliRunner
+
+    from emulator.cli import main
+
+    path = tmp_path / "scenario.yaml"
+    path.write_text(SCENARIO)
+    out = tmp_path / "calibration.json"
+    result = CliRunner().invoke(main, ["calibrate", str(path), "--out", str(out), "--repeat", "5"])
+    assert result.exit_code == 0, result.output
+    entries = json.loads(out.read_text())["entries"]
+    assert sorted(key.split("|")[0] for key in entries) == ["compress", "server", "step"]
+    for entry in entries.values():
+        assert 0 < entry["p10_s"] <= entry["cpu_s"] <= entry["p90_s"] and entry["samples"] == 5
+        assert entry["provenance"]["command"].startswith("emulate calibrate") and entry["provenance"]["cores"]
+    assert "mlp" in next(k for k in entries if k.startswith("step")) and "batch=10" in next(k for k in entries if k.startswith("step"))
