@@ -24,8 +24,8 @@ name: virtual-scale-{devices}
 seed: 3
 model: {model}
 dataset: {{name: fashion-mnist, partition: iid}}
-training: {{batch_size: 10, learning_rate: 0.05, max_updates: {updates}, duration: 600s, eval_every: 60s}}
-method: {{name: adacomp, c: 0.01}}
+training: {{batch_size: 10, learning_rate: 0.05, max_updates: {updates}, duration: {duration}, eval_every: 60s}}
+method: {{name: {method}}}
 server: {{cpus: 1.0}}  # its link unshaped, as the quickstart's
 evaluator: {{cpus: 1.0}}
 workers:
@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=3000)
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--speedup", type=float, default=10.0, help="trace seconds per virtual second")
+    ap.add_argument("--duration", default="600s", help="training.duration: the plan's horizon for the trace's events")
+    ap.add_argument("--method", default="adacomp, c: 0.01", help="the method mapping's inside: 'asgd' or 'adacomp, c: 0.01'")
     ap.add_argument("--out", default="runs/virtual-scale")
     args = ap.parse_args()
     from emulator.control.run import run_scenario
@@ -78,11 +80,12 @@ def main() -> None:
     behaviour_trace(behaviour, args.devices, 4 * 3600.0, seed=1)
     converted = tracegen.convert("fedscale-behavior", behaviour, out / "availability.csv")
     scenario = out / "scenario.yaml"
-    scenario.write_text(SCENARIO.format(devices=args.devices, updates=args.updates, model=args.model, speedup=args.speedup))
+    scenario.write_text(SCENARIO.format(devices=args.devices, updates=args.updates, model=args.model, speedup=args.speedup,
+                                              duration=args.duration, method=args.method))
     started = time.perf_counter()
     summary = run_scenario(scenario, out / "runs", backend="virtual", say=print)
     wall = json.loads((summary.path / "virtual_wall.json").read_text())
-    result = {"devices": args.devices, "model": args.model, "speedup": args.speedup, "trace": converted, "updates": summary.data["updates_applied"],
+    result = {"devices": args.devices, "model": args.model, "speedup": args.speedup, "method": args.method, "duration": args.duration, "trace": converted, "updates": summary.data["updates_applied"],
               "virtual_s": summary.data["duration_s"], "faults": summary.data["faults"], "final_accuracy": summary.data["final_accuracy"],
               "command_wall_s": round(time.perf_counter() - started, 1), **wall, "run": str(summary.path)}
     print(json.dumps(result, indent=1))
