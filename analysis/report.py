@@ -156,7 +156,8 @@ def _details(run: Run) -> list[list[str]]:
     method = plan.get("method", {})
     items = [
         ("scenario", s.get("name") or plan.get("name")),
-        ("backend", s.get("backend")),
+        ("backend", s.get("backend") + (" (virtual time: every time in this report is simulated seconds; calibration.json)"
+                                          if s.get("clock") == "virtual" else "") if s.get("backend") else s.get("backend")),
         ("model", plan.get("model")),
         ("dataset", s.get("dataset") or plan.get("dataset", {}).get("name")),
         ("method", f"{method.get('name')}: compressor {method.get('compressor')}"

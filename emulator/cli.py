@@ -254,13 +254,34 @@ def _print_summary(summary: dict, path) -> None:
     lines = [
         f"{headline(summary)}: {summary['name']} ({summary['method']}, {summary['workers']} workers, {summary['backend']})",
         f"  final accuracy   {accuracy}",
-        f"  updates applied  {summary['updates_applied']} in {summary['duration_s']:.1f}s ({summary['updates_per_s'] or 0:.1f}/s)",
+        f"  updates applied  {summary['updates_applied']} in {summary['duration_s']:.1f}s{' of virtual time' if summary.get('clock') == 'virtual' else ''}"
+        f" ({summary['updates_per_s'] or 0:.1f}/s)",
         f"  ingress payload  {format_bytes(summary['ingress_payload_bytes'])} ({summary['ingress_payload_bytes']:,} bytes)",
     ]
     if summary.get("ingress_wire_bytes") is not None:
         lines.append(f"  ingress on wire  {format_bytes(summary['ingress_wire_bytes'])} ({summary['ingress_wire_bytes']:,} bytes)")
     lines.append(f"  run directory    {path}")
     click.echo("\n".join(lines))
+
+
+@main.command()
+@click.argument("scenario_file", type=click.Path(dir_okay=False))
+@set_option
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
+              help="The calibration file to add to (default: $EDGE_EMULATOR_CALIBRATION or the cache's calibration.json).")
+@click.option("--repeat", type=click.IntRange(5, 10_000), default=30, show_default=True, help="Measurements per quantity.")
+def calibrate(scenario_file, overrides, out_file, repeat):
+    """Measure on this machine what the virtual backend's clock needs for a scenario: CPU seconds of a
+    gradient (model, batch), a compression, a server update and reply; with where and how measured."""
+    from emulator.control.simulation import calibrate as measure
+
+    _, _, resolved = _load(scenario_file, overrides)
+    command = "emulate calibrate " + " ".join([scenario_file, *(f"--set {o}" for o in overrides), f"--repeat {repeat}"])
+    path, entries = measure(resolved, out_file, repeat, command)
+    for key, entry in entries.items():
+        click.echo(f"{entry['cpu_s'] * 1000:9.3f} ms CPU (p10 {entry['p10_s'] * 1000:.3f}, p90 {entry['p90_s'] * 1000:.3f}, "
+                   f"{entry['samples']} samples)  {key}")
+    click.echo(f"calibration: {path}")
 
 
 @main.command()

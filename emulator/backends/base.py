@@ -65,6 +65,13 @@ class Backend(ABC):
     name: ClassVar[str]
     clean_rank: ClassVar[int] = 0  # ``emulate clean`` asks backends in this order (swarm's services own docker objects)
     cpu_limited_by_host: ClassVar[bool] = True  # devices share this machine's cores (a swarm spreads them over nodes)
+    clock: ClassVar[str] = "wall"  # "virtual": devices live on a simulated clock, run by emulator.control.simulation
+
+    @classmethod
+    def refuses(cls, plan) -> list[tuple[str, str]]:
+        """(scenario field, why) for each property of ``plan`` this backend cannot realise at all:
+        the run is refused before it starts (exit 2). Default: nothing."""
+        return []
 
     def __init__(self, say=None):
         self.say = say or (lambda msg: None)

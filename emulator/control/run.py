@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from emulator import backends
-from emulator.control import controller, workload  # used as backends.choose and controller.Emulation: the seams tests replace
+from emulator.control import controller, simulation, workload  # used as backends.choose and controller.Emulation: the seams tests replace
 from emulator.backends import Backend
 from emulator.planning.plan import make_plan
 from emulator.planning.problems import Problem, ScenarioError
@@ -94,8 +94,13 @@ def run_scenario(scenario: str | Path | Scenario, out_root: str | Path = "runs",
         text = Path(source).read_text() if source is not None else yaml.safe_dump(scenario.model_dump(mode="json", by_alias=True), sort_keys=False)
     backend_cls = None if isinstance(backend, Backend) else backends.choose(backend or scenario.backend, say=say)
     check_host(scenario, plan, type(backend) if backend_cls is None else backend_cls, say, source=source)
+    refused = (backend_cls or type(backend)).refuses(plan)
+    if refused:
+        raise ScenarioError([Problem(path, why) for path, why in refused], source or "")
+    clock = (backend_cls or type(backend)).clock
+    runner = {"wall": controller.Emulation, "virtual": simulation.Simulation}[clock]  # looked up now: tests replace Emulation
     rundir = RunDirectory.create(out_root, plan.name, run_id)
-    emulation = controller.Emulation(
+    emulation = runner(
         plan, backend if backend_cls is None else backend_cls(say=say), rundir, scenario_text=text,
         resolved={"scenario": scenario.model_dump(mode="json", by_alias=True), "overrides": list(overrides)},
         say=say, progress_every_s=progress_every_s, strict=strict, check_fidelity=check_fidelity, tolerance=tolerance,

@@ -13,6 +13,7 @@ BACKENDS: dict[str, str] = {
     "local": "emulator.backends.local:LocalBackend",
     "docker": "emulator.backends.docker:DockerBackend",
     "swarm": "emulator.backends.swarm.backend:SwarmBackend",
+    "virtual": "emulator.backends.virtual:VirtualBackend",
 }
 AUTO = "auto"  # docker when a daemon answers, else local
 CHOICES: tuple[str, ...] = (AUTO, *BACKENDS)

@@ -451,13 +451,17 @@ class ParameterServer:
         while True:
             self._flush_now.wait(1.0)
             self._flush_now.clear()
-            with self.cond:
-                traffic, self._traffic = self._traffic, collections.defaultdict(collections.Counter)
-                version, done = self.version, self.done
-                rejections = dict(self.rejections)
-            for worker, counts in sorted(traffic.items()):
-                self.tel.record("traffic", worker=worker, **{key: counts[key] for key in TRAFFIC_KEYS})
-            self.tel.record("server", version=version, done=done, rejections=rejections)
+            self.flush_traffic()
+
+    def flush_traffic(self) -> None:
+        """Trace the counters since the last flush (the virtual backend calls it once a virtual second)."""
+        with self.cond:
+            traffic, self._traffic = self._traffic, collections.defaultdict(collections.Counter)
+            version, done = self.version, self.done
+            rejections = dict(self.rejections)
+        for worker, counts in sorted(traffic.items()):
+            self.tel.record("traffic", worker=worker, **{key: counts[key] for key in TRAFFIC_KEYS})
+        self.tel.record("server", version=version, done=done, rejections=rejections)
 
     def serve(self) -> None:
         host, port = self.cfg.bind

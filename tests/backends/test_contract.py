@@ -55,13 +55,16 @@ WORKERS = 2
 LINK = ("uplink", "downlink", "delay", "jitter", "loss")  # mechanisms.json names each, per device
 CONFIGURED = ("uplink", "downlink", "delay", "loss")  # the link properties the scenario sets; jitter it leaves
 # The mechanism each backend realises a worker's link rate and its CPU share with.
-UPLINK = {"local": "transport-token-bucket", "docker": "tc-htb", "swarm": "tc-htb"}
-CPUS = {"local": ("cgroup-cfs", "none ("), "docker": ("docker-cpu-quota",), "swarm": ("docker-cpu-quota by the node's agent",)}
+UPLINK = {"local": "transport-token-bucket", "docker": "tc-htb", "swarm": "tc-htb",
+          "virtual": "virtual: shaped rate less TCP/IP headers, server link shared max-min"}
+CPUS = {"local": ("cgroup-cfs", "none ("), "docker": ("docker-cpu-quota",), "swarm": ("docker-cpu-quota by the node's agent",),
+        "virtual": ("virtual: CFS quota model",)}
 
 BACKENDS = [
     pytest.param("local", marks=pytest.mark.slow, id="local"),
     pytest.param("docker", marks=[pytest.mark.docker, pytest.mark.slow], id="docker"),
     pytest.param("swarm", marks=[pytest.mark.docker, pytest.mark.slow], id="swarm"),
+    pytest.param("virtual", id="virtual"),  # in process, on a simulated clock: a few seconds
 ]
 
 
@@ -73,7 +76,7 @@ def test_the_parametrisation_is_the_backend_registry():
 def contract_run(request, tmp_path_factory) -> tuple[str, dict, Path]:
     """(backend, summary, run directory) of the contract scenario on one backend, run once per module."""
     name = request.param
-    if name != "local":
+    if name in ("docker", "swarm"):
         request.getfixturevalue("runtime_image")  # skips when no Docker engine answers
     if name == "swarm":
         request.getfixturevalue("swarm")
@@ -83,7 +86,9 @@ def contract_run(request, tmp_path_factory) -> tuple[str, dict, Path]:
     out = tmp_path_factory.mktemp(f"contract-{name}")
     path = out / "contract.yaml"
     path.write_text(SCENARIO)
-    summary, run = run_scenario(path, out / "runs", backend=name, check_fidelity=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDGE_EMULATOR_CALIBRATION", str(out / "calibration.json"))  # the virtual clock's, measured here, not the user's
+        summary, run = run_scenario(path, out / "runs", backend=name, check_fidelity=False)
     return name, summary, run
 
 
@@ -217,4 +222,9 @@ def _swarm_leftovers(run_id: str, run: Path) -> list[str]:
             + (["the run's files on this node"] if node_files(run) else []))
 
 
-LEFTOVERS = {"local": _local_leftovers, "docker": _docker_leftovers, "swarm": _swarm_leftovers}
+def _virtual_leftovers(run_id: str, run: Path) -> list[str]:
+    """Nothing runs outside the controller's process: what could be left is a process working in the run."""
+    return _local_leftovers(run_id, run)
+
+
+LEFTOVERS = {"local": _local_leftovers, "docker": _docker_leftovers, "swarm": _swarm_leftovers, "virtual": _virtual_leftovers}

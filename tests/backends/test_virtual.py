@@ -1,0 +1,185 @@
+"""The virtual backend: its clock, its timing models, and runs that a seed determines bit for bit.
+
+The contract every backend owes a run is in ``test_contract.py`` (parametrised over the registry,
+the virtual backend included); here what only a simulated clock can promise or must refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import read_json, run_scenario
+from emulator.backends.virtual.clock import Clock
+from emulator.backends.virtual.timing import WIRE_OVERHEAD, CpuQuota, SharedLink, tcp_rate_bps
+from emulator.planning.problems import ScenarioError
+
+SCENARIO = """\
+name: virtual-determinism
+seed: 11
+model: mlp
+dataset: {name: digits, partition: iid}
+training: {batch_size: 10, learning_rate: 0.1, max_updates: 160, eval_every: 1s}
+method: {name: adacomp, c: 0.05}
+server: {cpus: 0.5, uplink: 4mbit, downlink: 4mbit}
+evaluator: {cpus: 0.25}
+workers:
+  - {count: 3, cpus: {uniform: [0.1, 0.4]}, uplink: 2mbit, downlink: 8mbit, delay: 20ms, jitter: 5ms, loss: 0.5%}
+faults:
+  at:
+    - {time: 1s, crash: 0, restart_after: 1s}
+    - {time: 1.5s, pause: 1, for: 0.5s}
+    - {time: 1s, link: {uplink: 1mbit}, workers: 2}
+"""
+STREAMS = ("updates", "accuracy", "steps", "traffic", "server")
+
+
+# -- the clock and its models ------------------------------------------------------------------
+
+
+def test_the_clock_runs_in_time_order_and_breaks_ties_in_scheduling_order():
+    clock, seen = Clock(), []
+    for name, t in (("b", 2.0), ("a", 1.0), ("c", 2.0), ("d", 1.0)):
+        clock.at(t, seen.append, name)
+    dead = clock.at(0.5, seen.append, "cancelled")
+    dead.cancel()
+    clock.run()
+    assert seen == ["a", "d", "b", "c"] and clock.now == 2.0
+
+
+def test_a_cfs_quota_delays_work_to_the_next_period_once_the_periods_quota_is_spent():
+    cpu = CpuQuota(0.3, period_s=0.1)  # 30 ms of CPU in each 100 ms period
+    assert cpu.finish(0.0, 0.025) == pytest.approx(0.025)  # within the quota: full speed
+    # a 1.5 ms compression right after fits the 5 ms left ...
+    assert cpu.finish(0.025, 0.0015) == pytest.approx(0.0265)
+    # ... a 10 ms one does not: 3.5 ms now, the rest once the next period starts
+    assert cpu.finish(0.0265, 0.010) == pytest.approx(0.1065)
+    # 100 ms of work at 0.3 of a core: three full periods and a bit, not 100 / 0.3 = 333 ms
+    assert CpuQuota(0.3, period_s=0.1).finish(0.0, 0.1) == pytest.approx(0.31)
+    assert CpuQuota(1.0).finish(5.0, 0.2) == pytest.approx(5.2)
+
+
+def test_the_server_link_is_shared_max_min_among_the_transfers_in_flight():
+    clock, done = Clock(), {}
+    link = SharedLink(clock, 1e6)  # 1 Mbit/s on the wire
+    payload = 1e6 / WIRE_OVERHEAD  # what one second of it carries
+    link.send(payload / 2, math.inf, lambda: done.setdefault("a", clock.now))
+    link.send(payload / 2, math.inf, lambda: done.setdefault("b", clock.now))
+    clock.run()
+    assert done["a"] == pytest.approx(1.0) and done["b"] == pytest.approx(1.0)  # each had half, both end together
+    clock, done = Clock(), {}
+    link = SharedLink(clock, 1e6)
+    link.send(0.2 * payload, 0.2 * payload, lambda: done.setdefault("slow", clock.now))  # capped by its own device
+    link.send(0.8 * payload, math.inf, lambda: done.setdefault("fast", clock.now))  # takes what is left
+    clock.run()
+    assert done["slow"] == pytest.approx(1.0) and done["fast"] == pytest.approx(1.0)
+    clock, done = Clock(), {}
+    link = SharedLink(clock, 1e6)
+    link.send(0.5 * payload, math.inf, lambda: done.setdefault("short", clock.now))
+    link.send(1.5 * payload, math.inf, lambda: done.setdefault("long", clock.now))
+    clock.run()  # half each until the short one ends at 1 s; then the long one has the link: its last 1.0 by 2 s
+    assert done["short"] == pytest.approx(1.0) and done["long"] == pytest.approx(2.0)
+
+
+def test_loss_caps_tcp_throughput_and_headers_cost_their_share():
+    assert tcp_rate_bps(10e6, 0.01, 0.0) == pytest.approx(10e6 / WIRE_OVERHEAD)
+    lossy = tcp_rate_bps(10e6, 0.05, 0.01)  # RTT 100 ms, 1 % loss: about 1.4 Mbit/s
+    assert 1.2e6 < lossy < 1.6e6
+    assert tcp_rate_bps(None, 0.0, 0.0) == math.inf
+
+
+# -- runs ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def twin_runs(tmp_path_factory):
+    """The same scenario and seed run twice on the virtual backend, with one calibration file."""
+    out = tmp_path_factory.mktemp("virtual")
+    path = out / "scenario.yaml"
+    path.write_text(SCENARIO)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("EDGE_EMULATOR_CALIBRATION", str(out / "calibration.json"))
+    try:
+        runs = [run_scenario(path, out / f"runs-{i}", backend="virtual") for i in range(2)]
+    finally:
+        mp.undo()
+    return runs
+
+
+def test_same_scenario_and_seed_give_bit_identical_models_traces_and_summaries(twin_runs):
+    (first, a), (second, b) = twin_runs
+    assert first["status"] == "completed" and first["updates_applied"] == 160
+    for stream in STREAMS:
+        assert (a / f"{stream}.jsonl").read_bytes() == (b / f"{stream}.jsonl").read_bytes(), stream
+    events = [[{k: v for k, v in e.items() if k != "run_id"} for e in map(json.loads, (r / "events.jsonl").read_text().splitlines())]
+              for r in (a, b)]
+    assert events[0] == events[1]
+    assert (a / "final_model.npy").read_bytes() == (b / "final_model.npy").read_bytes()
+    assert {k: v for k, v in first.items() if k != "run_id"} == {k: v for k, v in second.items() if k != "run_id"}
+    assert not np.array_equal(np.load(a / "final_model.npy"), np.load(a / "workload" / "initial.npy"))  # it trained
+
+
+def test_times_are_virtual_and_the_calibration_is_recorded(twin_runs):
+    (summary, run), _ = twin_runs
+    assert summary["clock"] == "virtual" and summary["time_unit"] == "virtual seconds"
+    used = read_json(run / "calibration.json")
+    assert summary["calibration"] == {"file": "calibration.json", "digest": used["digest"]}
+    assert len(used["entries"]) == 3 and all(e["cpu_s"] > 0 and e["provenance"]["cpu_model"] is not None for e in used["entries"].values())
+    wall = read_json(run / "virtual_wall.json")
+    assert wall["updates"] == 160 and wall["floor_s"] > 0 and wall["wall_s"] > 0
+
+
+def test_faults_play_at_their_virtual_instants(twin_runs):
+    (summary, run), _ = twin_runs
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    faults = {(e["action"], e["target"]): e["ts"] for e in events if e.get("kind") == "fault"}
+    assert faults[("crash", "worker-0")] == 1.0 and faults[("restart", "worker-0")] == 2.0
+    assert faults[("pause", "worker-1")] == 1.5 and faults[("resume", "worker-1")] == 2.0
+    updates = [json.loads(line) for line in (run / "updates.jsonl").read_text().splitlines()]
+    # worker 0 is down from 1 s to 2 s: what it had on the wire may still land just after, then nothing until it is back
+    assert not any(u["worker"] == 0 and 1.5 < u["ts"] < 2.0 for u in updates)
+    assert any(u["worker"] == 0 and u["ts"] > 2.0 for u in updates)
+    assert [e["incarnation"] for e in events if e.get("kind") == "connected" and e.get("worker") == 0] == [0, 1]
+
+
+def test_what_the_virtual_backend_does_not_model_is_refused_naming_the_field(tmp_path):
+    path = tmp_path / "server-crash.yaml"
+    path.write_text(SCENARIO.replace("    - {time: 1s, crash: 0, restart_after: 1s}", "    - {time: 1s, crash: server, restart_after: 1s}"))
+    with pytest.raises(ScenarioError) as caught:
+        run_scenario(path, tmp_path / "runs", backend="virtual")
+    assert caught.value.problems[0].path == "faults.at" and "server" in caught.value.problems[0].message
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_the_command_line_refuses_it_with_exit_2(tmp_path):
+    from click.testing import CliRunner
+
+    from emulator.cli import main
+
+    path = tmp_path / "server-crash.yaml"
+    path.write_text(SCENARIO.replace("    - {time: 1s, crash: 0, restart_after: 1s}", "    - {time: 1s, crash: server, restart_after: 1s}"))
+    result = CliRunner().invoke(main, ["run", str(path), "--backend", "virtual", "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2, result.output
+    assert "faults.at" in result.output and "not modelled by the virtual backend" in result.output
+
+
+def test_calibrate_measures_what_a_scenario_needs_with_its_provenance(tmp_path):
+    from click.testing import CliRunner
+
+    from emulator.cli import main
+
+    path = tmp_path / "scenario.yaml"
+    path.write_text(SCENARIO)
+    out = tmp_path / "calibration.json"
+    result = CliRunner().invoke(main, ["calibrate", str(path), "--out", str(out), "--repeat", "5"])
+    assert result.exit_code == 0, result.output
+    entries = json.loads(out.read_text())["entries"]
+    assert sorted(key.split("|")[0] for key in entries) == ["compress", "server", "step"]
+    for entry in entries.values():
+        assert 0 < entry["p10_s"] <= entry["cpu_s"] <= entry["p90_s"] and entry["samples"] == 5
+        assert entry["provenance"]["command"].startswith("emulate calibrate") and entry["provenance"]["cores"]
+    assert "mlp" in next(k for k in entries if k.startswith("step")) and "batch=10" in next(k for k in entries if k.startswith("step"))
