@@ -93,14 +93,15 @@ def _docker_client():
 
 def _load(path: str, overrides: tuple[str, ...], *, data: bool = True, run_code: bool = False):
     """The scenario, its raw mapping and its plan, or exit 2 naming the field; ``data``: its data set
-    must be here too (a run needs it, a plan does not); ``run_code``: also import and check the user's
-    files (a loader, a model, a compressor, a rule), as a run does first."""
+    must be here too (a run needs it; without, a named data set that is not here is only noted, and
+    one that is here is still checked); ``run_code``: also import and check the user's files (a
+    loader, a model, a compressor, a rule), as a run does first."""
     try:
         scenario, raw = load_scenario(path, list(overrides))
         plan = make_plan(scenario)
         if run_code:
             workload.check_scenario(scenario, plan)  # as a run does first: the user's files imported and checked
-        elif data:
+        elif data or not _noted_missing(scenario):
             check_dataset(scenario)  # a missing or too small dataset is bad input, found before anything runs
     except ScenarioError as exc:
         if not exc.source:
@@ -108,6 +109,21 @@ def _load(path: str, overrides: tuple[str, ...], *, data: bool = True, run_code:
         click.echo(_blamed(exc, overrides).render(), err=True)
         sys.exit(EXIT_BAD_INPUT)
     return scenario, raw, plan
+
+
+def _noted_missing(scenario) -> bool:
+    """Whether the scenario's named data set is not on this machine (said as a note: showing a plan
+    needs no data, running it will); a malformed or user's data set is left to the check."""
+    if datasets.source_kind(scenario.dataset) != "name":
+        return False
+    try:
+        datasets.facts(scenario.dataset)
+    except datasets.DatasetUnavailable as exc:
+        _say(f"note: running this plan needs data set {scenario.dataset.name!r}, which is not here: {str(exc).splitlines()[0]}")
+        return True
+    except ValueError:
+        return False  # a malformed data file: check_dataset names it with its field, exit 2
+    return False
 
 
 def _blamed(exc: ScenarioError, overrides) -> ScenarioError:
@@ -292,17 +308,7 @@ def calibrate(scenario_file, overrides, out_file, repeat):
               help="Also import and check the user's files the scenario names, as a run does (plan alone never runs them).")
 def plan(scenario_file, overrides, as_json, run_code):
     """Show the resolved plan: every device and every fault, without running anything (nor its data set)."""
-    scenario, _, resolved = _load(scenario_file, overrides, data=False, run_code=run_code)
-    if not run_code and datasets.source_kind(scenario.dataset) == "name":
-        try:
-            datasets.facts(scenario.dataset)
-        except datasets.DatasetUnavailable as exc:  # showing the plan needs no data; running it will
-            _say(f"note: running this plan needs data set {scenario.dataset.name!r}, which is not here: {str(exc).splitlines()[0]}")
-            scenario = None
-        except ValueError:
-            pass  # a malformed data file: the check below names it with its field, exit 2
-    if scenario is not None and not run_code:
-        _load(scenario_file, overrides)  # data that are here are checked: a set too small for the scenario is bad input
+    _, _, resolved = _load(scenario_file, overrides, data=False, run_code=run_code)
     if as_json:
         click.echo(resolved.dumps(), nl=False)
         return
