@@ -239,14 +239,9 @@ class FedBuff(_Buffered):
 
     @classmethod
     def problems(cls, params, clients):
-        out = []
         buffer = params.get("buffer", min(10, clients))
-        if not isinstance(buffer, int) or buffer < 1:
-            out.append(AggregatorError("buffer", f"{buffer!r} is not a whole number >= 1"))
-        elif buffer > clients:
-            out.append(AggregatorError("buffer", f"{buffer} is larger than the number of clients ({clients})"))
-        out += _staleness_problems(params)
-        return out
+        return _clients_problems("buffer", buffer, clients, f"{buffer} is larger than the number of clients ({clients})") \
+            + _staleness_problems(params)
 
     def receive(self, params, coordinates, worker, staleness, examples, now):
         round_ = self._open(now)
@@ -342,12 +337,8 @@ class FedAvg(_Buffered):
 
     @classmethod
     def problems(cls, params, clients):
-        out = []
         sample = params.get("sample", min(10, clients))
-        if not isinstance(sample, int) or sample < 1:
-            out.append(AggregatorError("sample", f"{sample!r} is not a whole number >= 1"))
-        elif sample > clients:
-            out.append(AggregatorError("sample", f"{sample} clients per round is above the population ({clients} workers)"))
+        out = _clients_problems("sample", sample, clients, f"{sample} clients per round is above the population ({clients} workers)")
         deadline = params.get("deadline_s")
         if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline > 0):
             out.append(AggregatorError("deadline", f"{deadline!r}: a round's deadline must be > 0"))
@@ -436,6 +427,13 @@ def _named_worker(round_: Round) -> int:
 
 
 AGGREGATORS: dict[str, type[Aggregator]] = {cls.name: cls for cls in (PerPush, FedBuff, FedAsync, FedAvg)}
+
+
+def _clients_problems(key: str, count, clients: int, above: str) -> list[AggregatorError]:
+    """A count of clients (FedBuff's buffer, FedAvg's sample) must be a whole number from 1 to the population."""
+    if not isinstance(count, int) or count < 1:
+        return [AggregatorError(key, f"{count!r} is not a whole number >= 1")]
+    return [AggregatorError(key, above)] if count > clients else []
 
 
 def _staleness_problems(params: dict, default: str = "sqrt") -> list[AggregatorError]:
