@@ -219,9 +219,8 @@ class Emulation:
                 self.backend.set_cpus(device, self.devices.cpus[device.name])
 
     def _probe_links(self) -> None:
-        workers = list(self.plan.workers)
-        self._probe(fidelity.link_probe_batches(workers, self.plan.server, PROBE_BATCH),
-                    lambda d: fidelity.probe_request(d, self.plan.server, 0.0), "rtt_s", 120.0)
+        for server, batch in fidelity.link_probe_plan(self.plan, PROBE_BATCH):
+            self._probe([batch], lambda d, server=server: fidelity.probe_request(d, server, 0.0), "rtt_s", 120.0)
 
     def _check_fidelity(self, started: float) -> None:
         """Measure every worker's CPU share under its quota, read back every quota, and compare

@@ -49,7 +49,6 @@ def compare(plan: Plan, measured: dict[str, dict], quotas: dict[str, float | Non
 
     Rates shaped by tc are compared as TCP goodput (see ``TCP_GOODPUT``); the configured line
     rate is kept beside it in the row."""
-    server = plan.server.link
     mechanisms = mechanisms or {}
     devices = {}
     for device in plan.devices:
@@ -58,12 +57,15 @@ def compare(plan: Plan, measured: dict[str, dict], quotas: dict[str, float | Non
         checks["cpu_quota"] = _check(device.cpus, quota, 0.01)
         probe = measured.get(device.name)
         if probe is not None:
+            probed = probed_server(plan, device)
+            server = probed.link
             link = device.link
             mech = mechanisms.get(device.name, {})
             for prop, own, other in (("uplink", link.uplink_bps, server.downlink_bps), ("downlink", link.downlink_bps, server.uplink_bps)):
                 line_rate = _expected_rate(own, other)
                 row = _check(_goodput(line_rate, mech.get(prop, "")), probe.get(LINK_FIELDS[prop]), tolerance)
                 row["line_rate"] = line_rate
+                row["server"] = probed.name  # the far end of the probe: its link bounds the rate too
                 checks[LINK_FIELDS[prop]] = row
             checks["rtt_s"] = _check(2 * (link.delay_s + server.delay_s), probe.get("rtt_s"), tolerance, RTT_FLOOR_S)
             if "cpu_share" in probe:
@@ -124,10 +126,26 @@ def link_probe_batches(workers: list[DevicePlan], server: DevicePlan, most: int)
     ], most)
 
 
+def probed_server(plan: Plan, worker: DevicePlan) -> DevicePlan:
+    """The server a worker's link probe runs against: worker i probes shard i mod N, so every
+    server's own link is exercised (and judged) when the model is split, not only the first's."""
+    return plan.servers[worker.index % len(plan.servers)] if worker.index >= 0 else plan.server
+
+
+def link_probe_plan(plan: Plan, most: int) -> list[tuple[DevicePlan, list[DevicePlan]]]:
+    """(server, workers) batches for every server in shard order: each batch within that server's link."""
+    out = []
+    for server in plan.servers:
+        mine = [w for w in plan.workers if probed_server(plan, w) is server]
+        out += [(server, batch) for batch in link_probe_batches(mine, server, most)]
+    return out
+
+
 def probe_request(device: DevicePlan, server: DevicePlan, cpu_seconds: float) -> dict:
     """The probe command for one worker: transfer sizes of about two seconds at the expected rates."""
     from emulator.runtime.probe import probe_sizes
 
     up = _expected_rate(device.link.uplink_bps, server.link.downlink_bps)
     down = _expected_rate(device.link.downlink_bps, server.link.uplink_bps)
-    return {"cmd": "probe", "up_bytes": probe_sizes(up), "down_bytes": probe_sizes(down), "cpu_s": cpu_seconds}
+    shard = {} if server.index < 0 else {"shard": server.index}  # which server to probe (several: worker i takes i mod N)
+    return {"cmd": "probe", "up_bytes": probe_sizes(up), "down_bytes": probe_sizes(down), "cpu_s": cpu_seconds, **shard}

@@ -32,6 +32,10 @@ that went to workers. Per
 applied update: ``up_bytes_per_update`` (ingress payload), ``down_bytes_per_update`` (downlink
 payload) and ``two_way_bytes_per_update``, their sum.
 
+With several servers and ``server.when_down: skip``, ``update_parts_skipped`` counts the parts of
+updates that workers dropped because their server was down (from their ``reconnected`` and
+``worker_finished`` events); a run whose workers wait has no such key.
+
 A federated run (``method.aggregation`` other than ``per_push``) has a ``rounds`` section from its
 server's ``rounds`` trace (:func:`summary_of_rounds`); ``updates_applied`` then counts aggregations.
 """
@@ -99,6 +103,7 @@ def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[d
     final = s.final_accuracy or s.accuracy or {}
     faults: Counter = Counter()
     lost_updates = 0
+    skipped = None  # parts of updates dropped because their server was down (skip); None: workers wait
     kernels = None  # the server's hot path, from its (latest) listening event: "numba x.y", or why numpy ran
     for record in events:
         if record.get("kind") == "listening" and record.get("kernels"):
@@ -107,6 +112,8 @@ def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[d
             faults[record["action"]] += 1
         elif record.get("kind") == "disconnected" and record.get("pending"):
             lost_updates += 1
+        if record.get("kind") in ("reconnected", "worker_finished") and "skipped" in record:
+            skipped = (skipped or 0) + int(record["skipped"])  # server.when_down: skip
     non_finite = sum(1 for r in rejections if r.get("reason") in NON_FINITE_REASONS)
     outcome, detail = judge(final, facts.classes, non_finite, s.done_reason)
     duration = facts.duration_s
@@ -130,6 +137,7 @@ def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[d
         "training_started_ts": facts.training_started_ts,
         "updates_per_s": round(s.updates / duration, 3) if duration else None,
         "faults": dict(faults), "lost_updates": lost_updates, "updates_lost_to_server_crashes": s.lost_to_server,
+        **({} if skipped is None else {"update_parts_skipped": skipped}),
         "done_reason": s.done_reason,
         "non_finite_updates": non_finite,
         "outcome": outcome, "outcome_detail": detail,

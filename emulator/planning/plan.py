@@ -67,7 +67,7 @@ class Plan:
     backend: str
     checkpoint: dict = field(default_factory=dict)
     servers: tuple[DevicePlan, ...] = ()  # every server process, in shard order; () : the one ``server``
-    partition: dict | None = None  # the model's split over ``servers`` (:mod:`emulator.runtime.partition`); None: one server
+    partition: dict | None = None  # the model's split over ``servers`` (:mod:`emulator.runtime.partition`) and ``when_down``; None: one server
 
     def __post_init__(self):
         if not self.servers:
@@ -337,7 +337,7 @@ def make_plan(s: Scenario) -> Plan:
         method=method, server=servers[0], evaluator=evaluator, workers=tuple(workers),
         events=tuple(events), triggers=triggers, horizon_s=horizon, backend=s.backend,
         checkpoint=s.server.checkpoint.model_dump(), servers=servers,
-        partition=None if s.server.shards == 1 else {"split": s.server.split, "shards": s.server.shards},
+        partition=None if s.server.shards == 1 else {"split": s.server.split, "shards": s.server.shards, "when_down": s.server.when_down},
     )
 
 

@@ -454,6 +454,16 @@ class ServerSpec(Strict):
         "server processes holding parts of the model, each a device with these cpus, memory and link"))
     split: Literal[tuple(PARTITIONS)] = Field(DEFAULT_SPLIT, description=(
         "ranges: balanced key ranges of the flat model, cut inside tensors; tensors: whole tensors per shard"))
+    when_down: Literal["wait", "skip"] = Field("wait", description=(
+        "while one of several servers is down (crashed, restarting): wait = workers reconnect and push nothing "
+        "until it is back; skip = they go on with the others, that server's part of each update dropped (counted)"))
+
+    @field_validator("when_down")
+    @classmethod
+    def _skip_needs_servers(cls, value, info):
+        if value == "skip" and info.data.get("shards") == 1:
+            raise ValueError("skip goes on with the other servers, and shards: 1 has none (set shards >= 2)")
+        return value
 
 
 class EvaluatorSpec(Strict):

@@ -18,6 +18,7 @@ Run as ``python -m emulator.runtime.worker`` with its :class:`~.config.WorkerCon
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 import time
@@ -98,6 +99,107 @@ class StepStats:
         }
 
 
+DOWN = (None, None)  # the "reply" of a server that is down while the worker goes on without it (skip)
+
+
+class Sessions:
+    """A worker's sessions with every server, and what it does when one goes away.
+
+    ``wait`` (the default): the lost connection's error reaches the caller, which reconnects to every
+    server (:meth:`rejoin_all`) and takes the model again; nothing is pushed meanwhile. ``skip``: the
+    worker goes on with the servers that are up; the part of each update that belongs to a down server
+    is dropped (counted), its part of the model stays as last pulled, and a background thread
+    reconnects; once back, :meth:`rejoined` hands over that server's model. With every server down
+    the worker waits for the first to come back."""
+
+    def __init__(self, join, shards: int, *, skip: bool, tel, worker: int):
+        self.join, self.shards, self.skip, self.tel, self.worker = join, shards, skip, tel, worker
+        self.channels: list[Channel | None] = [join(i) for i in range(shards)]
+        self.back: queue.SimpleQueue = queue.SimpleQueue()  # (shard, channel) reconnected in the background
+        self.skipped = [0] * shards  # update parts dropped since each server went down
+        self.stopping = threading.Event()
+
+    def pull_all(self) -> list:
+        """Ask every server for the model: their first replies (sent once training has started)."""
+        for i in range(self.shards):
+            self.send(i, MsgType.PULL)
+        return [self.recv(i) for i in range(self.shards)]
+
+    def rejoin_all(self) -> list:
+        """wait: close every session, reconnect to every server (with backoff), take the model from each."""
+        for channel in self.channels:
+            if channel is not None:
+                channel.close()
+        self.channels[:] = [self.join(i) for i in range(self.shards)]
+        return self.pull_all()
+
+    def send(self, shard: int, kind: MsgType, body: bytes = b"", **header) -> int:
+        """Bytes sent to ``shard``; 0 where it is down (skip: that part of the update is dropped)."""
+        channel = self.channels[shard]
+        if channel is None:
+            self.skipped[shard] += kind == MsgType.PUSH
+            return 0
+        try:
+            return channel.send(kind, body, **header)
+        except (OSError, protocol.PeerClosed) as exc:
+            self._lost(shard, exc)
+            self.skipped[shard] += kind == MsgType.PUSH
+            return 0
+
+    def recv(self, shard: int):
+        channel = self.channels[shard]
+        if channel is None:
+            return DOWN
+        try:
+            return channel.recv(keep_buffer=True)
+        except (OSError, protocol.PeerClosed) as exc:
+            self._lost(shard, exc)
+            return DOWN
+
+    def _lost(self, shard: int, exc: Exception) -> None:
+        if not self.skip:
+            raise exc
+        self.channels[shard].close()
+        self.channels[shard] = None
+        self.tel.event("server_lost", worker=self.worker, shard=shard, detail=str(exc), going_on=True)
+        threading.Thread(target=self._reconnect, args=(shard,), daemon=True, name=f"rejoin-{shard}").start()
+
+    def _reconnect(self, shard: int) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.back.put((shard, self.join(shard)))
+                return
+            except OSError:  # still down after the connect timeout: keep trying
+                continue
+
+    def rejoined(self) -> dict[int, tuple]:
+        """skip: the servers that came back since the last call, each with its reply to a PULL (its model)."""
+        out = {}
+        while True:
+            if not self.skip or any(c is not None for c in self.channels) or self.stopping.is_set():
+                try:
+                    shard, channel = self.back.get_nowait()
+                except queue.Empty:
+                    return out
+            else:  # every server is down: nothing to push to, wait for one
+                shard, channel = self.back.get()
+            self.channels[shard] = channel
+            self.send(shard, MsgType.PULL)
+            out[shard] = reply = self.recv(shard)
+            if reply is not DOWN:
+                self.tel.event("reconnected", worker=self.worker, shard=shard, version=reply[0].t0,
+                               skipped=self.skipped[shard])
+                self.skipped[shard] = 0
+
+    def finish(self) -> dict:
+        """Close every session; the update parts dropped for servers still down (skip), for the summary."""
+        self.stopping.set()
+        for channel in self.channels:
+            if channel is not None:
+                channel.close()
+        return {"skipped": sum(self.skipped)} if self.skip else {}
+
+
 def run(cfg: WorkerConfig, tel) -> int:
     from emulator.runtime.models import TFModel, resolve
 
@@ -113,12 +215,14 @@ def run(cfg: WorkerConfig, tel) -> int:
     sampler = BatchSampler(x, y, cfg.batch_size, seed)
     shaper = TransportShaper.from_config(cfg.transport, seed)
     token = bytes.fromhex(cfg.token)
+    addresses = [tuple(a) for a in cfg.servers] if cfg.servers else [cfg.ps]
 
     def run_probe(command: dict) -> None:
         try:
             record = {}
             if command.get("up_bytes"):
-                record.update(probe.measure_link(cfg.ps, token, shaper, up_bytes=command["up_bytes"], down_bytes=command["down_bytes"]))
+                address = addresses[command.get("shard", 0)]  # with several servers, the one the controller names
+                record.update(probe.measure_link(address, token, shaper, up_bytes=command["up_bytes"], down_bytes=command["down_bytes"]))
             if command.get("cpu_s"):
                 record["cpu_share"] = probe.measure_cpu(command["cpu_s"])
             tel.record("fidelity", worker=index, **record)
@@ -140,7 +244,6 @@ def run(cfg: WorkerConfig, tel) -> int:
     # examples: what a federated server weighs this worker's deltas by (its shard's size)
     hello = {"role": "worker", "worker": index, "incarnation": cfg.incarnation, "pull": pull.hello(), "examples": len(x)}
     split = partition.from_json(cfg.partition, layout)
-    addresses = [tuple(a) for a in cfg.servers] if cfg.servers else [cfg.ps]
     copies = [copy] if split.shards == 1 else [ModelCopy(piece) for piece in split.layouts]
 
     def join(shard: int) -> Channel:
@@ -151,37 +254,31 @@ def run(cfg: WorkerConfig, tel) -> int:
             raise protocol.ProtocolError("layout_mismatch", "the server's model is not this worker's")
         return channel
 
-    def join_all() -> list:
-        """(Re)connect to every server and take the model from each: their first replies."""
-        for channel in channels:
-            if channel is not None:
-                channel.close()
-        channels[:] = [join(i) for i in range(split.shards)]
-        for channel in channels:
-            channel.send(MsgType.PULL)  # the server answers once training has started
-        return [channel.recv(keep_buffer=True) for channel in channels]
-
-    channels: list = [None] * split.shards
-    channels[:] = [join(i) for i in range(split.shards)]
+    when_down = (cfg.partition or {}).get("when_down", "wait")
+    servers = Sessions(join, split.shards, skip=when_down == "skip", tel=tel, worker=index)
     model.warm_up(np.zeros(layout.total, np.float32), *sampler.next())
     tel.event("worker_ready", worker=index, incarnation=cfg.incarnation, shard_size=len(x))
-    for channel in channels:
-        channel.send(MsgType.PULL)  # the server answers once training has started
-    replies = [channel.recv(keep_buffer=True) for channel in channels]
+    replies = servers.pull_all()
 
     stats, last_report = StepStats(), time.monotonic()
     since_pull = 0  # pushes since the model was last received
-    while not any(header.flags & Flag.DONE for header, _ in replies):
+    while True:
+        for shard, reply in servers.rejoined().items():  # skip: a server that came back, its part of the model again
+            replies[shard] = reply
+        if any(header is not None and header.flags & Flag.DONE for header, _ in replies):
+            break
         try:
-            rejected = [i for i, (header, _) in enumerate(replies) if header.type == MsgType.REJECT]
+            rejected = [i for i, (header, _) in enumerate(replies) if header is not None and header.type == MsgType.REJECT]
             if rejected:  # a refused push: that server's model again (the others answered it)
                 for i in rejected:
                     stats.rejected += 1
                     tel.event("push_rejected", worker=index, reason=protocol.parse_json(replies[i][1], "reject").get("reason"))
-                    channels[i].send(MsgType.PULL)
-                    replies[i] = channels[i].recv(keep_buffer=True)
+                    servers.send(i, MsgType.PULL)
+                    replies[i] = servers.recv(i)
                 continue
             for (header, body), mine in zip(replies, copies):
+                if header is None:  # that server is down (skip): its part of the model stays as last pulled
+                    continue
                 if header.type == MsgType.MODEL:
                     mine.receive(header.t0, header.flags, body)
                     stats.pulls += 1
@@ -202,14 +299,14 @@ def run(cfg: WorkerConfig, tel) -> int:
             since_pull += 1
             if since_pull < pull.every:
                 flags |= Flag.NO_MODEL
-            for channel, message, mine in zip(channels, messages, copies):  # to every server, then their answers
-                stats.bytes += channel.send(MsgType.PUSH, message, t0=mine.version, flags=flags)
+            for i, (message, mine) in enumerate(zip(messages, copies)):  # to every server, then their answers
+                stats.bytes += servers.send(i, MsgType.PUSH, message, t0=mine.version, flags=flags)
             stats.non_finite += bool(flags & Flag.NON_FINITE)
-            replies = [channel.recv(keep_buffer=True) for channel in channels]
+            replies = [servers.recv(i) for i in range(split.shards)]
         except (OSError, protocol.PeerClosed) as exc:
-            # A server went away (crash, restart): reconnect with backoff, take the model again.
+            # wait: a server went away (crash, restart): reconnect to all with backoff, take the model again.
             tel.event("server_lost", worker=index, detail=str(exc))
-            replies = join_all()
+            replies = servers.rejoin_all()
             tel.event("reconnected", worker=index, version=replies[0][0].t0)
             continue
         t_net = time.perf_counter()
@@ -226,9 +323,7 @@ def run(cfg: WorkerConfig, tel) -> int:
             last_report = t_net
     if stats.steps:
         tel.record("steps", worker=index, **stats.as_record())
-    tel.event("worker_finished", worker=index)
-    for channel in channels:
-        channel.close()
+    tel.event("worker_finished", worker=index, **servers.finish())
     return 0
 
 

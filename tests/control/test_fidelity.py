@@ -4,7 +4,7 @@ or every probe measures its share of the server's link and is flagged as a slow 
 from __future__ import annotations
 
 from conftest import ROOT
-from emulator.control.fidelity import cpu_probe_batches, link_probe_batches
+from emulator.control.fidelity import compare, cpu_probe_batches, link_probe_batches, link_probe_plan, probe_request
 from emulator.planning.loader import load_scenario
 from emulator.planning.plan import make_plan
 
@@ -41,3 +41,25 @@ def test_cpu_shares_measured_at_once_fit_the_cores_given():
     assert [len(b) for b in cpu_probe_batches(list(plan.workers), 1.5)] == [5, 5, 2]
     plan = _plan("workers[0].count=3", "workers[0].cpus=4")  # more than a core each counts as one
     assert [len(b) for b in cpu_probe_batches(list(plan.workers), 1.5)] == [1, 1, 1]
+
+
+def test_with_several_servers_every_servers_link_is_probed_and_each_worker_judged_against_its_own():
+    # 20 workers, 4 shards: worker i probes shard i mod 4, each shard's batches fit that shard's ingress.
+    plan = _plan("workers[0].count=20", "server.shards=4")
+    batches = link_probe_plan(plan, most=16)
+    assert [server.name for server, _ in batches] == ["server-0", "server-1", "server-2", "server-3"]
+    for server, batch in batches:
+        assert [w.index % 4 for w in batch] == [server.index] * len(batch)
+        assert probe_request(batch[0], server, 0.0)["shard"] == server.index
+    assert sorted(w.name for _, batch in batches for w in batch) == sorted(w.name for w in plan.workers)
+    worker = plan.workers[6]
+    rate = worker.link.uplink_bps * 0.95
+    measured = {worker.name: {"uplink_bps": rate, "downlink_bps": rate, "rtt_s": 0.01}}
+    row = compare(plan, measured, {})["devices"][worker.name]["uplink_bps"]
+    assert row["server"] == "server-2"
+
+
+def test_one_server_probes_carry_no_shard():
+    plan = _plan("workers[0].count=3")
+    assert [server.name for server, _ in link_probe_plan(plan, most=16)] == ["server"]
+    assert "shard" not in probe_request(plan.workers[0], plan.server, 0.0)

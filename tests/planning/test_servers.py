@@ -31,7 +31,7 @@ def test_each_shard_is_a_device_with_the_server_s_resources():
     assert [d.name for d in p.devices[:5]] == [*server_names(4), "evaluator"]
     assert {(s.cpus, s.link.uplink_bps, s.link.downlink_bps) for s in p.servers} == {(0.5, 10e6, 20e6)}
     assert [s.index for s in p.servers] == [0, 1, 2, 3]
-    assert p.partition == {"split": "tensors", "shards": 4}
+    assert p.partition == {"split": "tensors", "shards": 4, "when_down": "wait"}
     assert p.to_json()["partition"] == p.partition and len(p.to_json()["servers"]) == 4
     assert all(p.is_server(name) for name in server_names(4)) and not p.is_server("evaluator")
 
@@ -45,7 +45,9 @@ def test_a_crash_of_the_server_crashes_every_shard():
 
 
 @pytest.mark.parametrize("server, field", [({"shards": 0}, "server.shards"), ({"shards": 65}, "server.shards"),
-                                           ({"split": "hash"}, "server.split")])
+                                           ({"split": "hash"}, "server.split"),
+                                           ({"when_down": "skip"}, "server.when_down"),
+                                           ({"shards": 2, "when_down": "drop"}, "server.when_down")])
 def test_bad_shards_are_refused_naming_the_field(server, field):
     with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
         plan(**server)
@@ -69,3 +71,8 @@ def test_a_fault_can_target_one_shard_and_only_one_that_exists():
         make_plan(validate({**BASE, "server": {"shards": 2}, "faults": {"at": [{"time": "5s", "crash": "server-2"}]}}))
     with pytest.raises(ScenarioError, match="no server named 'server-0'"):  # one server is 'server'
         make_plan(validate({**BASE, "faults": {"at": [{"time": "5s", "crash": "server-0"}]}}))
+
+
+def test_workers_learn_what_to_do_while_a_server_is_down_from_the_plan():
+    assert plan(shards=2, when_down="skip").partition["when_down"] == "skip"
+    assert plan(shards=2).partition["when_down"] == "wait"
