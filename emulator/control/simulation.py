@@ -125,8 +125,8 @@ class Simulation(controller.Emulation):
         server = entries[keys.server]
         step, compress = entries[keys.step], entries[keys.compress]
         return Costs(step_s=step["cpu_s"], compress_s=compress["cpu_s"], serve_s=server["cpu_s"],
-                     pull_s=server.get("pull_cpu_s", server["cpu_s"]), step_spread=spread(step["p10_s"], step["p90_s"]),
-                     compress_spread=spread(compress["p10_s"], compress["p90_s"]))
+                     pull_s=server["pull_cpu_s"], receive_s_per_byte=server["receive_cpu_s_per_byte"],
+                     step_spread=spread(step["p10_s"], step["p90_s"]), compress_spread=spread(compress["p10_s"], compress["p90_s"]))
 
     def _simulate(self) -> str:
         plan = self.plan

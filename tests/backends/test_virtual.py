@@ -183,3 +183,20 @@ def test_calibrate_measures_what_a_scenario_needs_with_its_provenance(tmp_path):
         assert 0 < entry["p10_s"] <= entry["cpu_s"] <= entry["p90_s"] and entry["samples"] == 5
         assert entry["provenance"]["command"].startswith("emulate calibrate") and entry["provenance"]["cores"]
     assert "mlp" in next(k for k in entries if k.startswith("step")) and "batch=10" in next(k for k in entries if k.startswith("step"))
+    server = next(v for k, v in entries.items() if k.startswith("server"))
+    # a worker's CPU to read and apply a reply: per byte, and whole replies of about the model's size
+    assert server["receive_cpu_s_per_byte"] > 0 and server["receive_cpu_s"] > 0
+    assert server["receive_mean_bytes"] > 4 * 1000  # dense pulls: each reply is the whole float32 model (thousands of parameters)
+    assert 0.2 < server["receive_cpu_s_per_byte"] * server["receive_mean_bytes"] / server["receive_cpu_s"] < 5
+
+
+def test_a_calibration_measured_before_the_receive_cost_existed_is_measured_again(tmp_path):
+    from emulator.backends.virtual import calibration
+
+    keys = calibration.Keys("step|a", "compress|a", "server|a")
+    store = calibration.Store(tmp_path / "c.json")
+    old = {"cpu_s": 1e-3, "p10_s": 1e-3, "p90_s": 1e-3, "samples": 3}
+    store.add({keys.step: old, keys.compress: old, keys.server: {**old, "pull_cpu_s": 1e-4}})
+    assert store.missing(keys) == [keys.server]
+    store.add({keys.server: {**old, "pull_cpu_s": 1e-4, "receive_cpu_s_per_byte": 1e-9}})
+    assert store.missing(keys) == []

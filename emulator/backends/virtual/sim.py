@@ -60,6 +60,7 @@ class Costs:
     compress_s: float
     serve_s: float  # decode + apply + reply
     pull_s: float  # a plain pull's reply
+    receive_s_per_byte: float = 0.0  # a worker's CPU to read a reply and apply it to its copy, per byte of the frame
     step_spread: float = 0.0  # sigma of log(step CPU): each step draws its CPU around the median (0: every step the median)
     compress_spread: float = 0.0
 
@@ -115,8 +116,9 @@ class Worker:
     params: np.ndarray | None = None
     version: int = 0
     since_pull: int = 0
-    phase: str = "idle"  # idle | compute | push | wait
-    handle: Handle | None = None
+    phase: str = "idle"  # idle | receive | compute | push | wait
+    handle: Handle | None = None  # the next step's event (a pause cancels it, a resume schedules next_step)
+    next_step: Callable | None = None  # _received (after reading a reply) or _push (after computing)
     resume_left: float | None = None
     flows: list = field(default_factory=list)
     deferred: list = field(default_factory=list)  # what arrived while paused
@@ -291,7 +293,7 @@ class Simulator:
         w.paused = False
         if w.resume_left is not None:
             left, w.resume_left = w.resume_left, None
-            w.handle = self.clock.after(left, self._push, w, w.gen)
+            w.handle = self.clock.after(left, w.next_step, w, w.gen)
         deferred, w.deferred = w.deferred, []
         for args in deferred:
             self._receive(*args)
@@ -416,6 +418,18 @@ class Simulator:
         if flags & Flag.DONE:
             self._finish(w)
             return
+        if kind == MsgType.MODEL and self.costs.receive_s_per_byte:
+            # reading the reply and applying it takes the worker's CPU (under its quota) before the step can start
+            read = w.cpu.finish(self.clock.now, self.costs.receive_s_per_byte * (protocol.HEADER.size + len(body)))
+            w.phase, w.next_step = "receive", self._received
+            w.handle = self.clock.at(read, self._received, w, w.gen)
+            return
+        self._compute(w)
+
+    def _received(self, w: Worker, gen: int) -> None:
+        if gen != w.gen or not w.alive:
+            return
+        w.handle = None
         self._compute(w)
 
     def _compute(self, w: Worker) -> None:
@@ -442,6 +456,7 @@ class Simulator:
         w.stats.non_finite += bool(flags & Flag.NON_FINITE)
         w.phase = "compute"
         w.pending = (message, flags, w.version)
+        w.next_step = self._push
         w.handle = self.clock.at(compressed, self._push, w, w.gen)
 
     def _push(self, w: Worker, gen: int) -> None:
