@@ -1,21 +1,34 @@
 """The same scenario on Docker and on the virtual clock, paired by seed: what matches and what does not.
 
 ``python -m benchmarks.virtual_validation scenarios/quickstart.yaml --seeds 1 2 3`` runs each seed on
-both backends (or, with ``--runs DIR``, reads runs made before), then writes a table per
-observable: updates per second, up and down bytes per update, the staleness distribution
-(Kolmogorov-Smirnov distance between the two runs' staleness samples), final accuracy, and
-virtual against real training time; each with the issue's target and whether it is met.
+both backends (``--runs DIR`` reuses runs made before under DIR: a pair already there is read, not
+run again), then writes per pair: updates per second, up and down bytes per update, the staleness
+distribution (Kolmogorov-Smirnov distance between the two runs' staleness samples), accuracy at
+equal time, time to a target accuracy, final accuracy and training time; and per scenario each
+target of docs/VIRTUAL_TIME.md with whether it is met. ``--set`` overrides the scenario as
+``emulate run --set`` does (``--label`` names the result), so one file gives dense and delta pulls::
+
+    python -m benchmarks.virtual_validation scenarios/validation/symmetric-8.yaml --label symmetric-8-delta \\
+        --set method.pull=delta --out docs/performance/virtual-validation
+
+Times are seconds since training started: wall seconds on Docker, virtual seconds on the virtual
+backend. Accuracy is read from each run's evaluations (``accuracy.jsonl``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 import numpy as np
 
-TARGETS = {"updates_per_s": 0.10, "up_bytes_per_update": 0.01, "down_bytes_per_update": 0.01, "staleness_ks": 0.10}
+from analysis.outcomes import mean_ci
+
+TARGETS = {"updates_per_s": 0.10, "up_bytes_per_update": 0.01, "down_bytes_per_update": 0.01, "staleness_ks": 0.10,
+           "time_to_target": 0.15}
+TARGET_SHARE = 0.9  # time to target: the first evaluation at 90 % of the Docker run's best accuracy
 
 
 def staleness(run: Path) -> np.ndarray:
@@ -30,6 +43,23 @@ def ks_distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(fa - fb)))
 
 
+def evaluations(run: Path, summary: dict) -> list[tuple[float, float]]:
+    """(seconds since training started, accuracy) of every evaluation of the run, in time order."""
+    start = summary.get("training_started_ts") or 0.0
+    rows = [json.loads(line) for line in (run / "accuracy.jsonl").read_text().splitlines() if line.strip()]
+    return sorted((max(0.0, r["model_ts"] - start), r["accuracy"]) for r in rows if r.get("accuracy") is not None)
+
+
+def accuracy_at(evals: list[tuple[float, float]], t: float) -> float | None:
+    """The accuracy of the last evaluation at or before ``t``."""
+    before = [a for s, a in evals if s <= t + 1e-9]
+    return before[-1] if before else None
+
+
+def time_to(evals: list[tuple[float, float]], target: float) -> float | None:
+    return next((s for s, a in evals if a >= target), None)
+
+
 def compare_pair(docker: Path, virtual: Path) -> dict:
     d, v = (json.loads((r / "summary.json").read_text()) for r in (docker, virtual))
     row = {"seed": d["seed"]}
@@ -40,29 +70,76 @@ def compare_pair(docker: Path, virtual: Path) -> dict:
     sd, sv = staleness(docker), staleness(virtual)
     row["staleness_ks"] = round(ks_distance(sd, sv), 4)
     row["docker_mean_staleness"], row["virtual_mean_staleness"] = round(float(sd.mean()), 3), round(float(sv.mean()), 3)
+    ed, ev = evaluations(docker, d), evaluations(virtual, v)
+    if ed and ev:
+        equal = min(ed[-1][0], ev[-1][0])  # the later of the two runs cut at the earlier one's last evaluation
+        row["equal_time_s"] = round(equal, 3)
+        row["docker_accuracy_at_equal_time"], row["virtual_accuracy_at_equal_time"] = accuracy_at(ed, equal), accuracy_at(ev, equal)
+        target = round(TARGET_SHARE * max(a for _, a in ed), 4)
+        row["target_accuracy"] = target
+        row["docker_time_to_target_s"], row["virtual_time_to_target_s"] = time_to(ed, target), time_to(ev, target)
+        if row["docker_time_to_target_s"] and row["virtual_time_to_target_s"] is not None:
+            row["time_to_target_rel_err"] = round(row["virtual_time_to_target_s"] / row["docker_time_to_target_s"] - 1, 4)
     return row
+
+
+def verdicts(pairs: list[dict]) -> dict:
+    """Each target over the pairs: the values, and met (every pair within) or not; accuracy at equal
+    time: the virtual mean inside the Docker runs' 95 % t-interval."""
+    out = {}
+    for key, bound in TARGETS.items():
+        field = key if key == "staleness_ks" else f"{key}_rel_err"
+        values = [p.get(field) for p in pairs]
+        known = [x for x in values if x is not None]
+        out[key] = {"values": values, "bound": bound,
+                    "met": bool(known) and len(known) == len(values) and all(abs(x) <= bound for x in known)}
+    docker = [p.get("docker_accuracy_at_equal_time") for p in pairs]
+    virtual = [p.get("virtual_accuracy_at_equal_time") for p in pairs]
+    if len(docker) >= 2 and None not in docker and None not in virtual:
+        _, mean, half = mean_ci(docker)
+        vmean = statistics.mean(virtual)
+        out["accuracy_at_equal_time"] = {"docker_interval": [round(mean - half, 4), round(mean + half, 4)],
+                                         "virtual_mean": round(vmean, 4), "met": mean - half <= vmean <= mean + half}
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("scenario")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    ap.add_argument("--out", default="runs/virtual-validation")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="a scenario override, as emulate run --set")
+    ap.add_argument("--label", help="the result's name (default: the scenario file's stem)")
+    ap.add_argument("--out", default="runs/virtual-validation", help="folder for the runs and validation-<label>.json")
+    ap.add_argument("--runs", help="reuse the runs under this folder where a pair is already there")
     args = ap.parse_args()
     from emulator.control.run import run_scenario
 
+    label = args.label or Path(args.scenario).stem
     out = Path(args.out)
-    rows = []
+    base = Path(args.runs) if args.runs else out / "runs"
+    rows, failed = [], []
     for seed in args.seeds:
         runs = {}
         for backend in ("docker", "virtual"):
-            summary = run_scenario(args.scenario, out / backend, overrides=[f"seed={seed}"], backend=backend,
-                                   run_id=f"seed-{seed}", check_fidelity=False, say=lambda _m: None)
-            runs[backend] = summary.path
+            path = base / label / backend / f"seed-{seed}"
+            if not (path / "summary.json").exists():
+                summary = run_scenario(args.scenario, base / label / backend, overrides=[*args.overrides, f"seed={seed}"],
+                                       backend=backend, run_id=f"seed-{seed}", check_fidelity=False, say=lambda _m: None)
+                path = summary.path
+            status = json.loads((path / "summary.json").read_text()).get("status")
+            if status != "completed":
+                failed.append(f"{backend} seed {seed}: {status}")
+            runs[backend] = path
         rows.append(compare_pair(runs["docker"], runs["virtual"]))
         print(json.dumps(rows[-1]))
-    result = {"scenario": args.scenario, "seeds": args.seeds, "targets": TARGETS, "pairs": rows}
-    (out / "validation.json").write_text(json.dumps(result, indent=1) + "\n")
+    result = {"scenario": args.scenario, "overrides": args.overrides, "label": label, "seeds": args.seeds,
+              "targets": TARGETS, "target_share": TARGET_SHARE, "pairs": rows, "verdicts": verdicts(rows), "failed": failed}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"validation-{label}.json").write_text(json.dumps(result, indent=1) + "\n")
+    for key, verdict in result["verdicts"].items():
+        print(f"{label}: {key}: {'met' if verdict['met'] else 'MISSED'} {verdict}")
+    if failed:
+        raise SystemExit(f"{label}: runs that did not complete: {'; '.join(failed)}")
 
 
 if __name__ == "__main__":

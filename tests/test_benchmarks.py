@@ -131,3 +131,33 @@ def test_the_committed_user_model_boot_table_is_rendered_from_its_json():
     assert (folder / "boot-user-model.md").read_text() == "\n".join(boot.markdown(result)) + "\n"
     assert boot.ratios(result["runs"]) == result["user_over_builtin"]
     assert {r["model"] for r in result["runs"]} == {"builtin", "user"}
+
+
+def _run_dir(root: Path, name: str, seed: int, started: float, evals: list[tuple[float, float]], stalenesses: list[int],
+             **summary) -> Path:
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"seed": seed, "training_started_ts": started, **summary}))
+    (run / "accuracy.jsonl").write_text("".join(json.dumps({"model_ts": started + t, "accuracy": a}) + "\n" for t, a in evals))
+    (run / "updates.jsonl").write_text("".join(json.dumps({"staleness": s}) + "\n" for s in stalenesses))
+    return run
+
+
+def test_virtual_validation_reads_time_to_target_and_accuracy_at_equal_time_from_the_runs(tmp_path):
+    from benchmarks.virtual_validation import compare_pair, verdicts
+
+    docker = _run_dir(tmp_path, "d", 1, 100.0, [(0, 0.1), (10, 0.5), (20, 0.8), (30, 0.9)], [1, 2, 3, 3],
+                      updates_per_s=10.0, up_bytes_per_update=100.0, down_bytes_per_update=1000.0)
+    virtual = _run_dir(tmp_path, "v", 1, 5.0, [(0, 0.1), (11, 0.6), (22, 0.85), (25, 0.88)], [1, 2, 3, 4],
+                       updates_per_s=9.5, up_bytes_per_update=100.0, down_bytes_per_update=1010.0)
+    row = compare_pair(docker, virtual)
+    assert row["equal_time_s"] == 25.0  # the virtual run's last evaluation
+    assert (row["docker_accuracy_at_equal_time"], row["virtual_accuracy_at_equal_time"]) == (0.8, 0.88)
+    assert row["target_accuracy"] == 0.81  # 90 % of Docker's best
+    assert (row["docker_time_to_target_s"], row["virtual_time_to_target_s"]) == (30.0, 22.0)
+    assert row["time_to_target_rel_err"] == pytest.approx(22 / 30 - 1, abs=1e-4)
+    assert row["staleness_ks"] == 0.25 and row["updates_per_s_rel_err"] == -0.05
+    judged = verdicts([row, {**row, "docker_accuracy_at_equal_time": 0.82}])
+    assert judged["updates_per_s"]["met"] and judged["down_bytes_per_update"]["met"]
+    assert not judged["time_to_target"]["met"] and not judged["staleness_ks"]["met"]
+    assert judged["accuracy_at_equal_time"]["virtual_mean"] == 0.88

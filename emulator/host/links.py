@@ -197,8 +197,9 @@ def plan_mechanisms(features: KernelFeatures, link: LinkPlan) -> dict[str, str]:
             "jitter": timing(link.jitter_s), "loss": loss}
 
 
-def _burst_bytes(rate_bps: float) -> int:
-    """Large enough for one GSO burst (64 KiB) and 10 ms at the rate."""
+def burst_bytes(rate_bps: float) -> int:
+    """The shapers' bucket: large enough for one GSO burst (64 KiB) and 10 ms at the rate. A link
+    that was idle sends this much at once (the virtual backend's links model it too)."""
     return int(max(64 * 1024, rate_bps / 8 / 100))
 
 
@@ -212,7 +213,7 @@ def shape_egress(ipr, index: int, *, rate_bps: float | None, delay_s: float, jit
     use_netem = features.netem and (delay_s or jitter_s or loss)
     netem_args = {"delay": int(delay_s * 1e6), "jitter": int(jitter_s * 1e6), "loss": loss * 100, "limit": 100_000}
     if rate_bps and features.htb and _ours(ipr, index) == {"htb": True, "netem": bool(use_netem)}:
-        burst = _burst_bytes(rate_bps)
+        burst = burst_bytes(rate_bps)
         ipr.tc("change-class", "htb", index, HTB_CLASS, parent=HTB_ROOT, rate=f"{int(rate_bps)}bit",
                ceil=f"{int(rate_bps)}bit", burst=burst, cburst=burst)
         if use_netem:
@@ -224,13 +225,13 @@ def shape_egress(ipr, index: int, *, rate_bps: float | None, delay_s: float, jit
         pass
     if rate_bps and features.htb:
         ipr.tc("add", "htb", index, HTB_ROOT, default=0x10)
-        burst = _burst_bytes(rate_bps)
+        burst = burst_bytes(rate_bps)
         ipr.tc("add-class", "htb", index, HTB_CLASS, parent=HTB_ROOT, rate=f"{int(rate_bps)}bit",
                ceil=f"{int(rate_bps)}bit", burst=burst, cburst=burst)
         if use_netem:
             ipr.tc("add", "netem", index, NETEM_LEAF, parent=HTB_CLASS, **netem_args)
     elif rate_bps and features.tbf:
-        ipr.tc("add", "tbf", index, HTB_ROOT, rate=f"{int(rate_bps)}bit", burst=_burst_bytes(rate_bps), latency=1_000_000)
+        ipr.tc("add", "tbf", index, HTB_ROOT, rate=f"{int(rate_bps)}bit", burst=burst_bytes(rate_bps), latency=1_000_000)
     elif use_netem:
         ipr.tc("add", "netem", index, HTB_ROOT, **netem_args)
 

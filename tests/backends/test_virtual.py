@@ -15,7 +15,7 @@ import pytest
 
 from conftest import read_json, run_scenario
 from emulator.backends.virtual.clock import Clock
-from emulator.backends.virtual.timing import WIRE_OVERHEAD, CpuQuota, SharedLink, tcp_rate_bps
+from emulator.backends.virtual.timing import WIRE_OVERHEAD, CpuQuota, SharedLink, TokenBucket, tcp_rate_bps
 from emulator.planning.problems import ScenarioError
 
 SCENARIO = """\
@@ -83,6 +83,16 @@ def test_the_server_link_is_shared_max_min_among_the_transfers_in_flight():
     link.send(1.5 * payload, math.inf, lambda: done.setdefault("long", clock.now))
     clock.run()  # half each until the short one ends at 1 s; then the long one has the link: its last 1.0 by 2 s
     assert done["short"] == pytest.approx(1.0) and done["long"] == pytest.approx(2.0)
+
+
+def test_an_idle_shaper_sends_its_bucket_at_once_and_refills_at_its_rate():
+    bucket, rate, burst = TokenBucket(), 8e6, 65536.0  # 1 MB/s, 64 KiB bucket
+    assert bucket.take(0.0, rate, burst, 20_000) == 20_000  # a push smaller than the bucket leaves at once
+    assert bucket.take(0.0, rate, burst, 100_000) == burst - 20_000  # what is left of it, the rest at the rate
+    bucket.empty_at(0.1)  # that transfer ended at 0.1 s
+    assert bucket.take(0.11, rate, burst, 100_000) == pytest.approx(10_000)  # 10 ms of refill at 1 MB/s
+    bucket.empty_at(0.2)
+    assert bucket.take(5.0, rate, burst, 1e9) == burst  # idle for long: a full bucket, never more
 
 
 def test_loss_caps_tcp_throughput_and_headers_cost_their_share():

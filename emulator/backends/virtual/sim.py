@@ -23,7 +23,8 @@ import numpy as np
 
 from emulator.backends.virtual.clock import Clock, Handle
 from emulator.backends.virtual.telemetry import VirtualTelemetry
-from emulator.backends.virtual.timing import CpuQuota, SharedLink, tcp_rate_bps
+from emulator.backends.virtual.timing import WIRE_OVERHEAD, CpuQuota, SharedLink, TokenBucket, tcp_rate_bps
+from emulator.host.links import burst_bytes
 from emulator.runtime import paramserver, protocol
 from emulator.runtime.data import BatchSampler
 from emulator.runtime.downlink import ModelCopy, parse_hello
@@ -121,6 +122,7 @@ class Worker:
     next_step: Callable | None = None  # _received (after reading a reply) or _push (after computing)
     resume_left: float | None = None
     flows: list = field(default_factory=list)
+    buckets: dict = field(default_factory=lambda: {True: TokenBucket(), False: TokenBucket()})  # its shaper's, up and down
     deferred: list = field(default_factory=list)  # what arrived while paused
     blocked_sends: list = field(default_factory=list)  # what waited for a partition to heal
     stats: StepStats = field(default_factory=StepStats)
@@ -335,14 +337,20 @@ class Simulator:
         shared = self.ingress if up else self.egress
         gen = w.gen
         box = []
+        rate = w.link.uplink_bps if up else w.link.downlink_bps
+        bucket = w.buckets[up]
+        at_once = bucket.take(self.clock.now, rate, burst_bytes(rate), nbytes * WIRE_OVERHEAD) / WIRE_OVERHEAD if rate else 0.0
+        rest = max(0.0, nbytes - at_once)
 
         def sent():
             if box and (shared, box[0]) in w.flows:
                 w.flows.remove((shared, box[0]))
+            if rate and rest > 0:
+                bucket.empty_at(self.clock.now)
             if gen == w.gen:  # what a crashed incarnation was sending is lost
                 self.clock.after(self._delay(w), then, *args)
 
-        flow = shared.send(nbytes * 8.0, cap_bps, sent)
+        flow = shared.send(rest * 8.0, cap_bps, sent)
         box.append(flow)
         if flow in shared.flows:
             w.flows.append((shared, flow))
