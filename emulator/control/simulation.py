@@ -68,7 +68,10 @@ class Simulation(controller.Emulation):
         return self.now()
 
     def _send(self, device: str, command: dict) -> None:
-        pass  # no device program listens: the backend's methods already changed the simulated device
+        """No device program listens (the backend's methods already changed the simulated device), but the
+        server is real: it hears that a worker went offline or came back, as a federated round must."""
+        if command.get("cmd") == "availability" and self.sim is not None:
+            self.sim.availability(command["worker"], bool(command.get("available")))
 
     def _config(self, device):
         return None  # a restarted simulated device needs no start document
@@ -146,9 +149,12 @@ class Simulation(controller.Emulation):
         cfg = calibration.server_config(plan, self.layout, self.bundle.device_reference(plan.method.rule, self.bundle.host_dir))
         from dataclasses import replace
 
-        cfg = replace(cfg, initial=f"{self.bundle.host_dir}/{workload.INITIAL}")
-        method = calibration.method_config(plan.method)
-        method = replace(method, compressor=self.bundle.device_reference(plan.method.compressor, self.bundle.host_dir))
+        rate = plan.training["learning_rate"]
+        cfg = replace(cfg, initial=f"{self.bundle.host_dir}/{workload.INITIAL}",
+                      learning_rate=controller.server_learning_rate(plan.method, rate),
+                      aggregation=self.bundle.device_reference(plan.method.aggregation["name"], self.bundle.host_dir),
+                      aggregation_params=dict(plan.method.aggregation["params"]))
+        method = controller.method_config(plan.method, self.bundle.device_reference(plan.method.compressor, self.bundle.host_dir), rate)
         test = load_shard(self.shards.test_set)
         sim = Simulator(plan, self.layout, model, shard, test, costs, cfg, self._sink)
         self.sim = sim

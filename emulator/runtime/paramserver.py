@@ -73,6 +73,7 @@ class ParameterServer:
         self.rule = rules.build(cfg.rule, self.layout, cfg.learning_rate)
         self.aggregator = aggregation.build(cfg.aggregation, self.layout, self.rule, cfg.seed, cfg.aggregation_params)
         self._examples: dict[int, int] = {}  # worker -> its shard's size, from its HELLO (what FedAvg weighs by)
+        self.clock = time.monotonic  # what the aggregator's rounds and deadlines are timed by (the virtual backend's clock there)
         self._round_bytes: collections.Counter = collections.Counter()  # both ways, since the last aggregation closed
         self.max_updates = cfg.max_updates
         # The largest valid update: every coordinate as a raw32 index and an f32 value (8 B);
@@ -187,7 +188,7 @@ class ParameterServer:
                 self.reject("future_version", worker, f"t0={t0} > t={self.version}")
                 return Pushed("future_version")
             try:
-                examples, now = self._examples.get(worker, 1), time.monotonic()
+                examples, now = self._examples.get(worker, 1), self.clock()
                 if flat is None:
                     applied = self.aggregator.receive(self.params, self.rule.coordinates(parts), worker, staleness, examples, now)
                 else:
@@ -237,25 +238,34 @@ class ParameterServer:
             self._round_bytes.clear()
             self.cond.notify_all()  # a new round may admit waiting workers
 
+    @property
+    def has_clock(self) -> bool:
+        """Whether the aggregator closes rounds by the clock (FedAvg's deadlines), so must be ticked."""
+        return type(self.aggregator).due is not aggregation.Aggregator.due
+
     def tick(self) -> None:
         """The aggregator's clock (round deadlines), a few times a second while training."""
         while True:
             time.sleep(TICK_S)
-            if not self.training.is_set():
-                continue
-            with self.cond:
-                if self.done:
-                    return
-                try:
-                    applied = self.aggregator.due(self.params, time.monotonic())
-                except rules.RuleError as exc:
-                    self.reject(exc.reason, protocol.NO_WORKER, str(exc))
-                    applied = None
-                    if exc.reason == "overflow":
-                        self._diverging()
-                if applied is not None:
-                    self._commit(applied)
-                self._record_rounds()
+            if self.training.is_set() and not self.tick_once():
+                return
+
+    def tick_once(self) -> bool:
+        """One look at the aggregator's clock: a round whose deadline passed is closed; False once training is over."""
+        with self.cond:
+            if self.done:
+                return False
+            try:
+                applied = self.aggregator.due(self.params, self.clock())
+            except rules.RuleError as exc:
+                self.reject(exc.reason, protocol.NO_WORKER, str(exc))
+                applied = None
+                if exc.reason == "overflow":
+                    self._diverging()
+            if applied is not None:
+                self._commit(applied)
+            self._record_rounds()
+        return True
 
     def non_finite_report(self, worker: int, body: memoryview, frame_bytes: int) -> str | None:
         """A worker's gradient held NaN or Inf (``body`` says where): refused, counted toward divergence."""
@@ -283,9 +293,9 @@ class ParameterServer:
         since the version it holds; and whether training is over."""
         self.training.wait()
         with self.cond:
-            if worker != protocol.NO_WORKER and not self.aggregator.admit(worker, time.monotonic()):
+            if worker != protocol.NO_WORKER and not self.aggregator.admit(worker, self.clock()):
                 # not in this round's sample: wait for one that has this worker (or for the end)
-                while not (self.done or self.aggregator.admit(worker, time.monotonic())):
+                while not (self.done or self.aggregator.admit(worker, self.clock())):
                     self.cond.wait(TICK_S * 10)
             if min_version > self.version and not self.done and max_wait_s > 0:
                 self.cond.wait_for(lambda: self.done or self.version >= min_version, timeout=max_wait_s)
@@ -470,7 +480,7 @@ class ParameterServer:
                        kernels=self.kernels,
                        **({} if self.partition.shards == 1 else {"shard": self.cfg.shard, "shards": self.partition.shards}))
         threading.Thread(target=self.report_traffic, daemon=True, name="traffic").start()
-        if type(self.aggregator).due is not aggregation.Aggregator.due:  # only an aggregator with a clock (FedAvg's deadlines)
+        if self.has_clock:  # only an aggregator with a clock (FedAvg's deadlines)
             threading.Thread(target=self.tick, daemon=True, name="rounds").start()
         while True:
             sock, peer = listener.accept()

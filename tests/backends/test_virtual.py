@@ -143,6 +143,47 @@ def test_times_are_virtual_and_the_calibration_is_recorded(twin_runs):
     assert wall["updates"] == 160 and wall["floor_s"] > 0 and wall["wall_s"] > 0
 
 
+FEDERATED = """\
+name: virtual-federated
+seed: 3
+model: mlp
+dataset: {name: digits, partition: iid}
+training: {batch_size: 10, learning_rate: 0.05, max_updates: 30, eval_every: 10 updates}
+method: {name: topk, c: 0.2, error_feedback: true, rule: plain, pull: delta, local: {steps: 4},
+         aggregation: {name: fedavg, sample: 3, deadline: 0.5s}}
+server: {cpus: 0.5}
+evaluator: {cpus: 0.25}
+workers:
+  - {count: 4, cpus: 0.2, uplink: 2mbit, downlink: 8mbit, delay: 20ms}
+faults:
+  at:
+    - {time: 0.2s, pause: [0, 1], for: 1s}
+"""
+
+
+def test_federated_rounds_local_steps_and_deadlines_run_on_the_virtual_clock(tmp_path, monkeypatch):
+    # Not silently the parameter-server path: FedAvg's sample, its deadline in virtual seconds, clients'
+    # local steps and their deltas, the same twice.
+    path = tmp_path / "federated.yaml"
+    path.write_text(FEDERATED)
+    monkeypatch.setenv("EDGE_EMULATOR_CALIBRATION", str(tmp_path / "calibration.json"))
+    (first, a), (second, b) = (run_scenario(path, tmp_path / f"runs-{i}", backend="virtual") for i in range(2))
+    assert first["status"] == "completed" and first["updates_applied"] == 30
+    rounds = [json.loads(line) for line in (a / "rounds.jsonl").read_text().splitlines()]
+    assert len(rounds) == first["rounds"]["count"] >= 30 and all(r["sampled"] <= 3 for r in rounds)
+    assert max(r["duration_s"] for r in rounds) <= 0.5 + 0.021  # no round outlives its deadline (virtual s, one tick)
+    # workers 0 and 1 offline from 0.2 s to 1.2 s: the rounds drawn meanwhile sample the two that are there
+    during = [r for r in rounds if 0.25 < r["ts"] - r["duration_s"] and r["ts"] < 1.2]
+    assert during and all(r["sampled"] == 2 for r in during)
+    assert any(r["sampled"] == 3 for r in rounds if r["ts"] - r["duration_s"] > 1.25)  # and all three once they are back
+    plan = json.loads((a / "plan.json").read_text())
+    assert plan["method"]["aggregation"]["name"] == "fedavg" and plan["method"]["local"]["steps"] == 4
+    held = [u for u in map(json.loads, (a / "updates.jsonl").read_text().splitlines()) if u.get("held")]
+    assert held  # the clients' deltas wait for their round, as on the real server
+    assert (a / "final_model.npy").read_bytes() == (b / "final_model.npy").read_bytes()
+    assert (a / "rounds.jsonl").read_bytes() == (b / "rounds.jsonl").read_bytes()
+
+
 def test_faults_play_at_their_virtual_instants(twin_runs):
     (summary, run), _ = twin_runs
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]

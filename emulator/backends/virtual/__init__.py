@@ -75,8 +75,8 @@ class VirtualBackend(Backend):
         shaped = lambda value, how: how if value else "unshaped"  # noqa: E731
         return {
             "cpus": f"virtual: CFS quota model, {CFS_PERIOD_S * 1000:g} ms period, calibrated CPU seconds",
-            "uplink": shaped(link.uplink_bps, "virtual: shaped rate less TCP/IP headers, server link shared max-min"),
-            "downlink": shaped(link.downlink_bps, "virtual: shaped rate less TCP/IP headers, server link shared max-min"),
+            "uplink": shaped(link.uplink_bps, "virtual: shaped rate less TCP/IP headers after the shaper's burst, server link shared max-min"),
+            "downlink": shaped(link.downlink_bps, "virtual: shaped rate less TCP/IP headers after the shaper's burst, server link shared max-min"),
             "delay": shaped(link.delay_s, "virtual: one-way delay each direction"),
             "jitter": shaped(link.jitter_s, "virtual: normal jitter, seeded per device"),
             "loss": shaped(link.loss, "virtual: TCP throughput cap (Mathis), no retransmission timeouts"),

@@ -28,6 +28,7 @@ from emulator.host.links import burst_bytes
 from emulator.runtime import paramserver, protocol
 from emulator.runtime.data import BatchSampler
 from emulator.runtime.downlink import ModelCopy, parse_hello
+from emulator.runtime.local import local_delta, steps_per_push
 from emulator.runtime.protocol import Flag, MsgType
 from emulator.runtime.worker import StepStats, build_compressor, push_body
 
@@ -117,6 +118,7 @@ class Worker:
     params: np.ndarray | None = None
     version: int = 0
     since_pull: int = 0
+    local_steps: int = 0  # H, with method.local; 0: one gradient per push
     phase: str = "idle"  # idle | receive | compute | push | wait
     handle: Handle | None = None  # the next step's event (a pause cancels it, a resume schedules next_step)
     next_step: Callable | None = None  # _received (after reading a reply) or _push (after computing)
@@ -156,6 +158,8 @@ class Simulator:
         self.server_tel = VirtualTelemetry(self.now, sink, plan.server.name)
         self.eval_tel = VirtualTelemetry(self.now, sink, plan.evaluator.name)
         self.server = paramserver.ParameterServer(server_config, self.server_tel)
+        self.server.clock = self.now  # federated rounds and deadlines in virtual seconds
+        self.unadmitted: list[tuple] = []  # replies a federated round does not let out yet (the real server's waiting pulls)
         self.server_cpu = CpuQuota(plan.server.cpus)
         self.server_link = plan.server.link
         self.ingress = SharedLink(self.clock, plan.server.link.downlink_bps)  # into the server
@@ -192,6 +196,8 @@ class Simulator:
         if self.eval_every_s:
             self.clock.at(self.eval_every_s, self._tick_evaluator)
         self.clock.at(TRAFFIC_EVERY_S, self._tick_traffic)
+        if self.server.has_clock:
+            self.clock.at(paramserver.TICK_S, self._tick_rounds)
 
     def run(self, until_s: float | None = None) -> None:
         self.clock.run(until_s)
@@ -215,6 +221,23 @@ class Simulator:
         if not self.ended:
             self.server.flush_traffic()
             self.clock.after(TRAFFIC_EVERY_S, self._tick_traffic)
+
+    def _tick_rounds(self) -> None:
+        """The aggregator's clock, as often as the real server looks at it: a round past its deadline closes."""
+        if not self.ended:
+            version = self.server.version
+            self.server.tick_once()
+            self._admitted()
+            if self.server.version != version:
+                self._after_update()
+            self._check_end()
+            self.clock.after(paramserver.TICK_S, self._tick_rounds)
+
+    def availability(self, index: int, available: bool) -> None:
+        """A worker went offline or came back (an availability trace): whom a federated round may sample."""
+        with self.server.cond:
+            self.server.aggregator.available(index, available)
+        self._admitted()
 
     def _tick_evaluator(self) -> None:
         if not self.ended:
@@ -246,6 +269,10 @@ class Simulator:
         w.holding = parse_hello(pull.hello())
         w.alive, w.paused, w.finished, w.phase, w.since_pull = True, False, False, "wait", 0
         w.stats, w.last_report = StepStats(), self.clock.now
+        with self.server.cond:  # the worker's HELLO, as the real server takes it
+            self.server._examples[w.index] = len(w.x)
+            self.server.aggregator.join(w.index)
+        w.local_steps = steps_per_push(self.method.local, len(w.x), self.plan.training["batch_size"]) if self.method.local else 0
         self.server_tel.event("connected", role="worker", worker=w.index, incarnation=w.incarnation, peer="virtual")
         self.sink("events", {"ts": round(self.clock.now, 6), "source": w.name, "kind": "worker_ready", "worker": w.index,
                              "incarnation": w.incarnation, "shard_size": len(w.x)})
@@ -370,9 +397,12 @@ class Simulator:
             if not (w.alive and gen == w.gen):  # unless a new incarnation has connected since
                 with server.cond:
                     server.rule.forget(w.index)
+                    server.aggregator.forget(w.index)
+                self._admitted()
             self.server_tel.event("disconnected", worker=w.index, pending=bool(flags))
             return
         started = time.perf_counter()
+        row = None
         if kind == MsgType.PUSH:
             frame_bytes = protocol.HEADER.size + len(body)
             reason, row = server.push(w.index, t0, memoryview(body), frame_bytes, flags)
@@ -382,19 +412,45 @@ class Simulator:
                 server.send_reject(channel, w.index, reason)
             elif flags & Flag.NO_MODEL:
                 server.send_ack(channel, w.index, row)
-            else:
-                server.send_model(channel, w.index, w.holding, row)
+        if not channel.frames and not self._admit(w):
+            # a federated round without this worker: its reply waits, as a pull waits in the real server
+            self.unadmitted.append((w, gen, row, service_s))
         else:
-            server.send_model(channel, w.index, w.holding)
+            if not channel.frames:
+                server.send_model(channel, w.index, w.holding, row)
+            self._reply(w, gen, channel.take(), service_s)
         self.floor.server_s += time.perf_counter() - started
-        frame = channel.take()
-        if kind == MsgType.PUSH and self.on_update is not None:
-            self.on_update()
-        if self.eval_every_updates and server.version >= self.eval_target and not server.done:
-            self.evaluate()
+        if kind == MsgType.PUSH:
+            self._admitted()  # a round this push closed may let waiting replies out
+            self._after_update()
+        self._check_end()
+
+    def _admit(self, w: Worker) -> bool:
+        with self.server.cond:
+            return self.server.done or self.server.aggregator.admit(w.index, self.clock.now)
+
+    def _reply(self, w: Worker, gen: int, frame, service_s: float) -> None:
         if gen == w.gen and w.alive:
             self.clock.after(service_s, self._send_down, w, protocol.HEADER.size + len(frame[1]), self._receive, w, gen, frame)
-        self._check_end()
+
+    def _admitted(self) -> None:
+        """The waiting replies a round now lets out (or the end: every one gets the final model)."""
+        waiting, self.unadmitted = self.unadmitted, []
+        for w, gen, row, service_s in waiting:
+            if gen != w.gen or not w.alive:
+                continue
+            if not self._admit(w):
+                self.unadmitted.append((w, gen, row, service_s))
+                continue
+            channel = FrameChannel()
+            self.server.send_model(channel, w.index, w.holding, row)
+            self._reply(w, gen, channel.take(), 0.0)
+
+    def _after_update(self) -> None:
+        if self.on_update is not None:
+            self.on_update()
+        if self.eval_every_updates and self.server.version >= self.eval_target and not self.server.done:
+            self.evaluate()
 
     # -- a worker's step ------------------------------------------------------------------------
 
@@ -443,8 +499,11 @@ class Simulator:
     def _compute(self, w: Worker) -> None:
         """The real step on the model this worker holds; the clock says when it is done."""
         c0 = time.perf_counter()
-        xb, yb = w.sampler.next()
-        loss, grad = self.model.gradient(w.params, xb, yb)
+        if w.local_steps:  # H local steps on the worker's own copy: the push is the model delta
+            grad, loss = local_delta(w.params, self.model.gradient, w.sampler.next, w.local_steps, self.method.local.learning_rate)
+        else:
+            xb, yb = w.sampler.next()
+            loss, grad = self.model.gradient(w.params, xb, yb)
         if self.method.pull.every == 1 and w.copy is None:
             w.params = None  # every push is answered with a model: this one is not needed again (memory at scale)
         c1 = time.perf_counter()
@@ -457,6 +516,8 @@ class Simulator:
             flags |= Flag.NO_MODEL
         now = self.clock.now
         step_s, compress_s = self.costs.draw(w.jitter)
+        for _ in range(1, w.local_steps):  # each local step a gradient of its own (the SGD update beside it is small)
+            step_s += self.costs.draw(w.jitter)[0]
         computed = w.cpu.finish(now, step_s)
         compressed = w.cpu.finish(computed, compress_s)
         w.step_wall = (computed - now, compressed - computed, step_s, compress_s)
