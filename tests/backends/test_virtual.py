@@ -251,3 +251,17 @@ def test_a_calibration_measured_before_the_receive_cost_existed_is_measured_agai
     assert store.missing(keys) == [keys.server]
     store.add({keys.server: {**old, "pull_cpu_s": 1e-4, "receive_cpu_s_per_byte": 1e-9}})
     assert store.missing(keys) == []
+
+
+def test_the_server_links_delay_is_on_every_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGE_EMULATOR_CALIBRATION", str(tmp_path / "calibration.json"))
+    path = tmp_path / "s.yaml"
+    times = {}
+    for delay in ("0ms", "50ms"):
+        path.write_text(SCENARIO.replace("server: {cpus: 0.5, uplink: 4mbit, downlink: 4mbit}",
+                                         f"server: {{cpus: 0.5, uplink: 4mbit, downlink: 4mbit, delay: {delay}}}")
+                        .split("faults:")[0])
+        summary, _ = run_scenario(path, tmp_path / delay, backend="virtual")
+        times[delay] = summary["duration_s"]
+    # 160 updates by 3 workers: about 53 round trips each, 100 ms more apiece
+    assert times["50ms"] - times["0ms"] > 0.8 * 160 / 3 * 0.1

@@ -344,18 +344,21 @@ class Simulator:
     # -- the network -----------------------------------------------------------------------
 
     def _delay(self, w: Worker) -> float:
-        link = w.link
+        """One way between the worker and the server: its own delay (with jitter) and the server link's."""
+        link, server = w.link, self.server_link.delay_s or 0.0
         if link.jitter_s:
-            return max(0.0, link.delay_s + float(w.jitter.normal(0.0, link.jitter_s)))
-        return link.delay_s
+            return max(0.0, link.delay_s + float(w.jitter.normal(0.0, link.jitter_s))) + server
+        return link.delay_s + server
 
     def _send_up(self, w: Worker, nbytes: int, then: Callable, *args) -> None:
         link = w.link
-        self._send(w, True, nbytes, tcp_rate_bps(link.uplink_bps, link.delay_s, link.loss), then, args)
+        self._send(w, True, nbytes, tcp_rate_bps(link.uplink_bps, link.delay_s + (self.server_link.delay_s or 0.0), link.loss),
+                   then, args)
 
     def _send_down(self, w: Worker, nbytes: int, then: Callable, *args) -> None:
         link = w.link
-        self._send(w, False, nbytes, tcp_rate_bps(link.downlink_bps, link.delay_s, link.loss), then, args)
+        self._send(w, False, nbytes, tcp_rate_bps(link.downlink_bps, link.delay_s + (self.server_link.delay_s or 0.0), link.loss),
+                   then, args)
 
     def _send(self, w: Worker, up: bool, nbytes: int, cap_bps: float, then: Callable, args: tuple) -> None:
         if w.blocked:
