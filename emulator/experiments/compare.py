@@ -109,6 +109,7 @@ class MethodSpec:
 
     label: str
     overrides: tuple[str, ...]
+    backend: str | None = None  # ``adacomp:backend=virtual``: this method's runs on that backend (default: the comparison's)
 
     @property
     def slug(self) -> str:
@@ -121,7 +122,9 @@ def parse_method_spec(text: str) -> MethodSpec:
 
     A key is a method parameter (``qsgd:s=4``, ``topk:wire.values=f16``), unless it starts with
     another section of the scenario: then it is set for this method's run only
-    (``asgd:training.learning_rate=0.05``: each method at its own step size)."""
+    (``asgd:training.learning_rate=0.05``: each method at its own step size); ``backend=NAME`` runs
+    this method's runs on that backend (``adacomp:backend=virtual`` beside ``adacomp``: virtual time
+    against Docker, paired by seed)."""
     name, *pairs = text.strip().split(":")
     label = text.strip()
     if name.endswith(".py") and pairs:  # a user's compressor, file.py:Class: the class is part of the name
@@ -133,6 +136,7 @@ def parse_method_spec(text: str) -> MethodSpec:
         raise ScenarioError([Problem("-m", f"{text!r}: expected NAME[:KEY=VALUE]..., e.g. qsgd:s=4, "
                                                "or your own compressor: path/file.py:Class[:KEY=VALUE]...")])
     overrides = [f"method={json.dumps({'name': name})}"]
+    backend = None
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not _KEY.match(key.strip()):
@@ -140,9 +144,13 @@ def parse_method_spec(text: str) -> MethodSpec:
         if key.strip() == "name":
             raise ScenarioError([Problem("-m", f"{text!r}: the name goes first, not as name=")])
         key = key.strip()
+        if key == "backend":  # the same method on another backend: Docker beside virtual time, paired by seed
+            backend = value.strip()
+            overrides.append(f"backend={backend}")
+            continue
         section = re.split(r"[.\[]", key, maxsplit=1)[0]
         overrides.append(f"{key}={value}" if section in RUN_SECTIONS and key != section else f"method.{key}={value}")
-    return MethodSpec(label, tuple(overrides))
+    return MethodSpec(label, tuple(overrides), backend)
 
 
 def compare(scenario_path, methods: list[str], out_root, *, backend: str = "local", overrides=(),
@@ -193,7 +201,8 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
             set_aside(out, run.run_id)
             say(where)
             try:
-                summary = run_scenario(run.scenario, out, overrides=run.overrides, run_id=run.run_id, say=say, **options)
+                summary = run_scenario(run.scenario, out, overrides=run.overrides, run_id=run.run_id, say=say,
+                                       **{**options, "backend": run.spec.backend or options["backend"]})
             except RunFailed as exc:  # a failed run is a row of the table (summary.json says why)
                 say(f"{run.spec.label}: run failed: {exc}")
                 continue
@@ -224,7 +233,8 @@ def _run_forked(planned: list["PlannedRun"], out: Path, jobs: int, options: dict
     def one(run):
         set_aside(out, run.run_id)
         try:
-            runner.launch(out / "logs" / f"{run.run_id}.log", run.scenario, out, overrides=run.overrides, run_id=run.run_id, **options)
+            runner.launch(out / "logs" / f"{run.run_id}.log", run.scenario, out, overrides=run.overrides, run_id=run.run_id,
+                          **{**options, "backend": run.spec.backend or options["backend"]})
             summary = completed_summary(out / run.run_id) or {}
             outcome = summary.get("outcome")  # the word a reader takes first: diverged or dead before completed
             say(f"{run.run_id}: {outcome if outcome in FLAGGED else summary.get('status', 'done')}")

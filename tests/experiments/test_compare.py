@@ -383,6 +383,35 @@ def test_two_methods_twice_on_the_local_backend(tmp_path):
     print("\n" + (out / "compare.md").read_text())
 
 
+@pytest.mark.slow
+def test_one_method_on_two_backends_is_compared_paired_by_seed(tmp_path, monkeypatch):
+    # the same scenario on the local backend (wall clock) and on virtual time: one option apart
+    from emulator.experiments.compare import compare
+
+    monkeypatch.setenv("EDGE_EMULATOR_CALIBRATION", str(tmp_path / "calibration.json"))
+    out = compare(TINY_SCENARIO, ["adacomp", "adacomp:backend=virtual"], tmp_path, backend="local", repeat=2,
+                  say=lambda _: None, check_fidelity=False)
+    report = json.loads((out / "compare.json").read_text())
+    backends = {}
+    for r in report["methods"]:
+        summary = json.loads((out / r["run_id"] / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["updates_applied"] == 20
+        backends[(r["method"], r["repeat"])] = (summary["backend"], summary["seed"])
+    assert {k: b for k, (b, _) in backends.items()} == {("adacomp", 0): "local", ("adacomp", 1): "local",
+                                                       ("adacomp:backend=virtual", 0): "virtual", ("adacomp:backend=virtual", 1): "virtual"}
+    assert backends[("adacomp", 1)][1] == backends[("adacomp:backend=virtual", 1)][1]  # paired by seed
+    (pair,) = report["pairs"]
+    assert pair["final_accuracy"]["n"] == 2
+
+
+def test_a_backend_in_a_method_spec_sets_that_methods_runs_backend():
+    from emulator.experiments.compare import parse_method_spec
+
+    spec = parse_method_spec("adacomp:c=0.02:backend=virtual")
+    assert spec.backend == "virtual" and "backend=virtual" in spec.overrides and "method.c=0.02" in spec.overrides
+    assert parse_method_spec("adacomp").backend is None
+
+
 # -- outcomes as rates, accuracy over trained runs, Holm over the comparison's pairs --------
 
 
