@@ -75,6 +75,18 @@ def staleness_record(updates) -> dict:
     return out
 
 
+def fidelity_record(run_dir: Path) -> dict:
+    """What the run's fidelity check found (``fidelity.json``): a reader of the record can tell a run
+    whose devices did not get their CPU share or link (a machine shared with other work) from a clean one."""
+    path = Path(run_dir) / "fidelity.json"
+    if not path.exists():
+        return {"checked": False}
+    report = json.loads(path.read_text())
+    failures = report.get("failures", [])
+    return {"checked": True, "ok": bool(report.get("ok")), "failures": len(failures), "first_failures": failures[:5],
+            "tolerance": report.get("tolerance")}
+
+
 def make_record(run_dir: Path, *, experiment: str, label: str, repeat: int = 0, kind: str = "compare",
                 grid: dict | None = None, command: str | None = None, commit: str | None = None,
                 extra: dict | None = None) -> dict:
@@ -116,6 +128,7 @@ def make_record(run_dir: Path, *, experiment: str, label: str, repeat: int = 0, 
         "traffic": {"second": [int(s) for s in traffic.index], "up": traffic["up"].astype(int).tolist(),
                     "down": traffic["down"].astype(int).tolist()},
         "staleness": staleness_record(run.updates) if len(run.updates) else {},
+        "fidelity": fidelity_record(run_dir),
         "worker_updates": {} if counts is None else {str(int(k)): int(round(v)) for k, v in counts.items()},
         "plan": {"seed": plan.get("seed"), "method": plan.get("method"), "training": plan.get("training"),
                  "dataset": plan.get("dataset"),

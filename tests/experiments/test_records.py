@@ -120,3 +120,15 @@ def test_every_relative_link_resolves(document):
         if not path.exists():
             broken.append(target)
     assert broken == [], f"{document.relative_to(ROOT)} links to what does not exist: {broken}"
+
+
+def test_a_section_says_how_many_runs_the_fidelity_check_flagged():
+    from emulator.experiments.paper.regenerate import _fidelity
+
+    clean = {"fidelity": {"checked": True, "ok": True, "failures": 0, "first_failures": [], "tolerance": 0.1}}
+    flagged = {"fidelity": {"checked": True, "ok": False, "failures": 38, "tolerance": 0.1,
+                            "first_failures": ["worker-0.cpu_share", "worker-1.cpu_share", "worker-2.cpu_share", "worker-3.cpu_share"]}}
+    text = _fidelity([clean, flagged, clean, {}])
+    assert text.startswith("Fidelity check (each run, before training): 1 of 3 runs flagged a property off by more than 10%")
+    assert "at most 38 properties in one run, e.g. worker-0.cpu_share, worker-1.cpu_share, worker-2.cpu_share)" in text
+    assert text.endswith("1 record written before the check was kept in them.")

@@ -77,6 +77,22 @@ def _run_time(records: list[dict]) -> str:
     return f"{len(records)} runs; their run time {took} (boot and training of each run, summed from the records)"
 
 
+def _fidelity(records: list[dict]) -> str:
+    """How many of the runs' fidelity checks flagged a property (a device short of its CPU share or link:
+    a machine shared with other work); records written before the check was recorded say so."""
+    checked = [r["fidelity"] for r in records if (r.get("fidelity") or {}).get("checked")]
+    unrecorded = sum(1 for r in records if "fidelity" not in r)
+    flagged = [f for f in checked if not f.get("ok")]
+    text = (f"Fidelity check (each run, before training): {len(flagged)} of {len(checked)} runs flagged a property off by more "
+            f"than {checked[0].get('tolerance', 0.1):.0%}" if checked else "Fidelity check: none recorded")
+    if flagged:
+        worst = max(flagged, key=lambda f: f.get("failures", 0))
+        text += f" (at most {worst['failures']} properties in one run, e.g. {', '.join(worst.get('first_failures', [])[:3])})"
+    if unrecorded:
+        text += f"; {unrecorded} record{'s' if unrecorded > 1 else ''} written before the check was kept in them"
+    return text + "."
+
+
 def _commands(records: list[dict]) -> str:
     return " ; ".join(dict.fromkeys(r["provenance"].get("command") or "-" for r in records))
 
@@ -117,7 +133,7 @@ def compare_section(name: str, records: list[dict], out: Path, styles) -> Sectio
                        figure=image)
     text = render_markdown(report).splitlines()
     start = next((i for i, line in enumerate(text) if line.startswith(("Target accuracy", "Scenario"))), 0)
-    body = [_run_time(records) + ".", "",
+    body = [_run_time(records) + ".", "", _fidelity(records), "",
             *(("#" + line if line.startswith("##") else line).replace("One row per run: `compare.json`.", "One record per run.")
               for line in text[start:] if not line.startswith("![")),
             "", *bytes_table(records), "", *staleness_table(records)]
@@ -281,7 +297,7 @@ def sweep_section(name: str, records: list[dict], out: Path, styles) -> Section:
 
     table, keys = sweep_table(records)
     headers, rows = aggregate_rows(aggregate(table, keys), keys)
-    body = [_run_time(records) + ".", "", markdown_table(headers, rows)]
+    body = [_run_time(records) + ".", "", _fidelity(records), "", markdown_table(headers, rows)]
     images = []
     curves: dict[str, list] = {}
     for r in records:
