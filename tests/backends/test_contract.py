@@ -56,7 +56,7 @@ LINK = ("uplink", "downlink", "delay", "jitter", "loss")  # mechanisms.json name
 CONFIGURED = ("uplink", "downlink", "delay", "loss")  # the link properties the scenario sets; jitter it leaves
 # The mechanism each backend realises a worker's link rate and its CPU share with.
 UPLINK = {"local": "transport-token-bucket", "docker": "tc-htb", "swarm": "tc-htb",
-          "virtual": "virtual: shaped rate less TCP/IP headers, server link shared max-min"}
+          "virtual": "virtual: shaped rate less TCP/IP headers after the shaper's burst, server link shared max-min"}
 CPUS = {"local": ("cgroup-cfs", "none ("), "docker": ("docker-cpu-quota",), "swarm": ("docker-cpu-quota by the node's agent",),
         "virtual": ("virtual: CFS quota model",)}
 
