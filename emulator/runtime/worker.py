@@ -125,26 +125,27 @@ class Sessions:
             self.send(i, MsgType.PULL)
         return [self.recv(i) for i in range(self.shards)]
 
-    def rejoin_all(self) -> list:
-        """wait: close every session, reconnect to every server (with backoff), take the model from each."""
+    def _close_all(self) -> None:
         for channel in self.channels:
             if channel is not None:
                 channel.close()
+
+    def rejoin_all(self) -> list:
+        """wait: close every session, reconnect to every server (with backoff), take the model from each."""
+        self._close_all()
         self.channels[:] = [self.join(i) for i in range(self.shards)]
         return self.pull_all()
 
     def send(self, shard: int, kind: MsgType, body: bytes = b"", **header) -> int:
         """Bytes sent to ``shard``; 0 where it is down (skip: that part of the update is dropped)."""
         channel = self.channels[shard]
-        if channel is None:
-            self.skipped[shard] += kind == MsgType.PUSH
-            return 0
-        try:
-            return channel.send(kind, body, **header)
-        except (OSError, protocol.PeerClosed) as exc:
-            self._lost(shard, exc)
-            self.skipped[shard] += kind == MsgType.PUSH
-            return 0
+        if channel is not None:
+            try:
+                return channel.send(kind, body, **header)
+            except (OSError, protocol.PeerClosed) as exc:
+                self._lost(shard, exc)
+        self.skipped[shard] += kind == MsgType.PUSH
+        return 0
 
     def recv(self, shard: int):
         channel = self.channels[shard]
@@ -194,9 +195,7 @@ class Sessions:
     def finish(self) -> dict:
         """Close every session; the update parts dropped for servers still down (skip), for the summary."""
         self.stopping.set()
-        for channel in self.channels:
-            if channel is not None:
-                channel.close()
+        self._close_all()
         return {"skipped": sum(self.skipped)} if self.skip else {}
 
 

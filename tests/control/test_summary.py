@@ -202,6 +202,17 @@ def test_the_summary_says_which_loops_the_server_ran_from_its_latest_listening_e
         assert summary_of(name)["server_kernels"] is None  # their servers did not say
 
 
+def test_update_parts_skipped_while_a_server_was_down_are_summed_from_the_workers_events():
+    name = CURRENT[0]
+    records = streams(name)
+    events = [*records["events"], {"kind": "reconnected", "worker": 0, "shard": 1, "skipped": 7},
+              {"kind": "reconnected", "worker": 1, "shard": 1, "skipped": 5}, {"kind": "worker_finished", "worker": 0, "skipped": 2},
+              {"kind": "reconnected", "worker": 2, "version": 9}]  # a worker that waited: no count
+    summary = summarize(replay(records), events, records["rejections"], facts_of(recorded(name)))
+    assert summary["update_parts_skipped"] == 14
+    assert "update_parts_skipped" not in summary_of(name)  # workers that wait: no such key
+
+
 # -- the outcome, rule by rule ------------------------------------------------------------
 
 CHANCE_LOSS = math.log(10)

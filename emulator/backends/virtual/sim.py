@@ -120,8 +120,7 @@ class Worker:
     since_pull: int = 0
     local_steps: int = 0  # H, with method.local; 0: one gradient per push
     phase: str = "idle"  # idle | receive | compute | push | wait
-    handle: Handle | None = None  # the next step's event (a pause cancels it, a resume schedules next_step)
-    next_step: Callable | None = None  # _received (after reading a reply) or _push (after computing)
+    handle: Handle | None = None  # the next step's event: _received in phase receive, _push in phase compute (a pause cancels it)
     resume_left: float | None = None
     flows: list = field(default_factory=list)
     buckets: dict = field(default_factory=lambda: {True: TokenBucket(), False: TokenBucket()})  # its shaper's, up and down
@@ -162,6 +161,7 @@ class Simulator:
         self.unadmitted: list[tuple] = []  # replies a federated round does not let out yet (the real server's waiting pulls)
         self.server_cpu = CpuQuota(plan.server.cpus)
         self.server_link = plan.server.link
+        self.server_delay_s = plan.server.link.delay_s or 0.0  # one way, on every transfer (server faults are not simulated)
         self.ingress = SharedLink(self.clock, plan.server.link.downlink_bps)  # into the server
         self.egress = SharedLink(self.clock, plan.server.link.uplink_bps)  # out of the server
         self.server_free = 0.0
@@ -322,7 +322,7 @@ class Simulator:
         w.paused = False
         if w.resume_left is not None:
             left, w.resume_left = w.resume_left, None
-            w.handle = self.clock.after(left, w.next_step, w, w.gen)
+            w.handle = self.clock.after(left, self._received if w.phase == "receive" else self._push, w, w.gen)
         deferred, w.deferred = w.deferred, []
         for args in deferred:
             self._receive(*args)
@@ -345,20 +345,18 @@ class Simulator:
 
     def _delay(self, w: Worker) -> float:
         """One way between the worker and the server: its own delay (with jitter) and the server link's."""
-        link, server = w.link, self.server_link.delay_s or 0.0
+        link = w.link
         if link.jitter_s:
-            return max(0.0, link.delay_s + float(w.jitter.normal(0.0, link.jitter_s))) + server
-        return link.delay_s + server
+            return max(0.0, link.delay_s + float(w.jitter.normal(0.0, link.jitter_s))) + self.server_delay_s
+        return link.delay_s + self.server_delay_s
 
     def _send_up(self, w: Worker, nbytes: int, then: Callable, *args) -> None:
         link = w.link
-        self._send(w, True, nbytes, tcp_rate_bps(link.uplink_bps, link.delay_s + (self.server_link.delay_s or 0.0), link.loss),
-                   then, args)
+        self._send(w, True, nbytes, tcp_rate_bps(link.uplink_bps, link.delay_s + self.server_delay_s, link.loss), then, args)
 
     def _send_down(self, w: Worker, nbytes: int, then: Callable, *args) -> None:
         link = w.link
-        self._send(w, False, nbytes, tcp_rate_bps(link.downlink_bps, link.delay_s + (self.server_link.delay_s or 0.0), link.loss),
-                   then, args)
+        self._send(w, False, nbytes, tcp_rate_bps(link.downlink_bps, link.delay_s + self.server_delay_s, link.loss), then, args)
 
     def _send(self, w: Worker, up: bool, nbytes: int, cap_bps: float, then: Callable, args: tuple) -> None:
         if w.blocked:
@@ -488,7 +486,7 @@ class Simulator:
         if kind == MsgType.MODEL and self.costs.receive_s_per_byte:
             # reading the reply and applying it takes the worker's CPU (under its quota) before the step can start
             read = w.cpu.finish(self.clock.now, self.costs.receive_s_per_byte * (protocol.HEADER.size + len(body)))
-            w.phase, w.next_step = "receive", self._received
+            w.phase = "receive"
             w.handle = self.clock.at(read, self._received, w, w.gen)
             return
         self._compute(w)
@@ -528,7 +526,6 @@ class Simulator:
         w.stats.non_finite += bool(flags & Flag.NON_FINITE)
         w.phase = "compute"
         w.pending = (message, flags, w.version)
-        w.next_step = self._push
         w.handle = self.clock.at(compressed, self._push, w, w.gen)
 
     def _push(self, w: Worker, gen: int) -> None:
