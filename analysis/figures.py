@@ -155,11 +155,21 @@ class Styles:
         return dict(self._styles[label])
 
 
+LEGEND_COLUMN_CHARS = 96 // 2  # a column of the legend below an 8-inch figure holds about this many characters ("small")
+
+
+def legend_columns(labels: Sequence[str], columns: int = 2) -> int:
+    """As many columns as the longest label lets fit across the figure (at least one): a label
+    wider than its column would run off the figure's edge."""
+    longest = max((len(label) for label in labels), default=0)
+    return max(1, min(columns, len(labels), (2 * LEGEND_COLUMN_CHARS) // max(1, longest)))
+
+
 def legend_below(fig: Figure, ax, columns: int = 2) -> None:
-    """The legend under the plot, in ``columns`` columns, so it never covers a curve."""
+    """The legend under the plot, in at most ``columns`` columns, so it never covers a curve."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(columns, len(handles)), fontsize="small",
+        fig.legend(handles, labels, loc="outside lower center", ncols=legend_columns(labels, columns), fontsize="small",
                    frameon=False)
 
 
@@ -219,7 +229,9 @@ def _accuracy(curves, x: str, title: str, xlabel: str, log_x: bool = False, styl
     if not drawn:
         return None
     styles = styles or Styles([label for label, _ in drawn])
-    size = (SIZE[0], SIZE[1] + 0.25 * math.ceil(len(drawn) / 2))  # room for the legend below
+    # room for the legend below; its labels gain a count such as " (mean of 10; 6 stopped)"
+    rows = math.ceil(len(drawn) / legend_columns([label + " " * 24 for label, _ in drawn]))
+    size = (SIZE[0], SIZE[1] + 0.25 * rows)
     fig, ax = _figure(title, size)
     banded = stopped = False
     counts = []
@@ -713,5 +725,5 @@ def sweep_metric(aggregate: pd.DataFrame, x_key: str, metric: str, series_keys: 
 
 __all__ = [
     "accuracy_vs_ingress", "accuracy_vs_time", "accuracy_vs_updates", "cpu_utilisation", "ingress_rate",
-    "link_utilisation", "mean_band", "Styles", "legend_below", "save", "staleness_histogram", "sweep_metric", "traffic_both_ways", "worker_share",
+    "link_utilisation", "mean_band", "Styles", "legend_below", "legend_columns", "save", "staleness_histogram", "sweep_metric", "traffic_both_ways", "worker_share",
 ]

@@ -134,12 +134,13 @@ def test_the_committed_user_model_boot_table_is_rendered_from_its_json():
 
 
 def _run_dir(root: Path, name: str, seed: int, started: float, evals: list[tuple[float, float]], stalenesses: list[int],
-             **summary) -> Path:
+             rate: float = 10.0, **summary) -> Path:
     run = root / name
     run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps({"seed": seed, "training_started_ts": started, **summary}))
     (run / "accuracy.jsonl").write_text("".join(json.dumps({"model_ts": started + t, "accuracy": a}) + "\n" for t, a in evals))
-    (run / "updates.jsonl").write_text("".join(json.dumps({"staleness": s}) + "\n" for s in stalenesses))
+    (run / "updates.jsonl").write_text("".join(json.dumps({"staleness": s, "ts": started + i / rate}) + "\n"
+                                               for i, s in enumerate(stalenesses)))
     return run
 
 
@@ -161,3 +162,13 @@ def test_virtual_validation_reads_time_to_target_and_accuracy_at_equal_time_from
     assert judged["updates_per_s"]["met"] and judged["down_bytes_per_update"]["met"]
     assert not judged["time_to_target"]["met"] and not judged["staleness_ks"]["met"]
     assert judged["accuracy_at_equal_time"]["virtual_mean"] == 0.88
+    assert row["docker_steady_updates_per_s"] is None  # 4 updates: too few to cut a start and an end from
+
+
+def test_the_steady_rate_leaves_out_a_runs_start_and_end(tmp_path):
+    """A run whose first tenth of updates came slowly (the first pulls) has a steady rate of its middle."""
+    from benchmarks.virtual_validation import steady_rate
+
+    times = [i * 1.0 for i in range(5)] + [5 + 0.1 * i for i in range(95)]
+    rows = [{"ts": t, "staleness": 1} for t in times]
+    assert steady_rate(rows) == pytest.approx(10.0)  # 100 updates in 14.4 s overall (7 a second), 10 a second after the start
