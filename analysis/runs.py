@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -242,16 +243,25 @@ def counter_rates(frame: pd.DataFrame, key: str, columns: tuple[str, ...], min_i
     return pd.concat(parts, ignore_index=True)
 
 
+def servers_cpu_s(stats: pd.DataFrame, names: Sequence[str] = ("server",)) -> dict[str, float]:
+    """CPU seconds each server process used during training (the rise of its cumulative CPU time
+    between its first and last sample at or after the start of training); a server without two
+    such samples is left out. ``names``: the run's servers (``server``, or ``server-0`` ...)."""
+    out = {}
+    if stats is None or stats.empty or "device" not in stats:
+        return out
+    for name in names:
+        rows = stats[(stats["device"] == name) & (stats["time_s"] >= 0)].dropna(subset=["cpu_s"]).sort_values("time_s")
+        if len(rows) >= 2:
+            out[name] = round(float(rows["cpu_s"].iloc[-1] - rows["cpu_s"].iloc[0]), 3)
+    return out
+
+
 def server_cpu_per_update(stats: pd.DataFrame, updates: int | None) -> float | None:
-    """Seconds of the server's CPU per applied update over training: the rise of its cumulative CPU
-    time between the first and the last sample at or after the start of training, over the updates.
-    ``stats`` from :func:`load_stats` (``time_s`` relative to training); None without samples."""
-    if stats is None or stats.empty or not updates or "device" not in stats:
-        return None
-    server = stats[(stats["device"] == "server") & (stats["time_s"] >= 0)].sort_values("time_s")
-    if len(server) < 2:
-        return None
-    return float(server["cpu_s"].iloc[-1] - server["cpu_s"].iloc[0]) / updates
+    """Seconds of the (one) server's CPU per applied update over training (:func:`servers_cpu_s`);
+    None without samples or updates."""
+    used = servers_cpu_s(stats).get("server") if updates else None
+    return None if used is None else used / updates
 
 
 def traffic_both_ways(traffic: pd.DataFrame) -> pd.DataFrame:
@@ -470,6 +480,6 @@ __all__ = [
     "COLUMNS", "STREAMS", "LOADERS", "Collection", "Run", "accuracy_with_ingress", "counter_rates", "faults",
     "ingress_per_second", "is_run_dir", "is_sweep_dir", "load_accuracy", "load_collection", "load_events",
     "load_net", "load_plan", "load_run", "load_stats", "load_steps", "load_stream", "load_summary",
-    "load_traffic", "load_updates", "server_cpu_per_update", "server_shares", "summary_row", "traffic_both_ways", "training_start_ts",
+    "load_traffic", "load_updates", "server_cpu_per_update", "server_shares", "servers_cpu_s", "summary_row", "traffic_both_ways", "training_start_ts",
     "worker_shares",
 ]

@@ -20,6 +20,7 @@ from emulator.experiments.paper.profiles import LINKS, PAPER, Profile
 from emulator.experiments.paper.claims import c191_experiment, claim6_experiment, equal_step_experiment
 from emulator.experiments.paper.steps import best_alphas, with_alpha
 from emulator.experiments.paper.results import Section
+from emulator.experiments.paper.servers import records_of, servers_table
 from emulator.experiments.paper.runner import (
     comparison_failures,
     run_comparison,
@@ -285,38 +286,9 @@ def servers_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
         return Section("Compression or more servers", ["Not in this profile."], [], "-")
     result = run_comparison("servers", list(profile.servers_methods), profile.overrides("servers", dataset),
                             profile.servers_repeat, out, backend, say)
-    rows: dict[str, list[dict]] = {}
-    for path in sorted(Path(result["directory"]).rglob("summary.json")):
-        summary = json.loads(path.read_text())
-        if summary.get("status") != "completed":
-            continue
-        servers = summary.get("servers") or [{"ingress_payload_bytes": summary.get("ingress_payload_bytes")}]
-        key = f"{summary['method']}, {len(servers)} server{'s' if len(servers) > 1 else ''}"
-        rows.setdefault(key, []).append({**summary, "per_server": servers})
-    table = result["table"]
-    body = ["| method and servers | runs | updates/s | ingress per server link (MB/s, busiest) | final accuracy |",
-            "|---|---:|---:|---:|---:|"]
-    rates = {}
-    for key, runs in rows.items():
-        rate = sum(r["updates_per_s"] or 0 for r in runs) / len(runs)
-        rates[key] = rate
-        busiest = sum(max((s.get("ingress_payload_bytes") or 0) for s in r["per_server"]) / max(1e-9, r["duration_s"])
-                      for r in runs) / len(runs) / 1e6
-        accuracy = sum(r["final_accuracy"] or 0 for r in runs) / len(runs)
-        body.append(f"| {key} | {len(runs)} | {rate:,.1f} | {busiest:.3f} | {accuracy:.4f} |")
-    body += ["", f"Target accuracy {table.get('target_accuracy', float('nan')):.4f}; time to target per method:", ""]
-    for entry in table.get("aggregate", []):
-        body.append(f"- `{entry['method']}`: final {interval_cell(entry['final_accuracy'], '.4f')}, time to target "
-                    f"{interval_cell(entry['time_to_target'], '.1f')} s, reached in {entry['reached_target']} of {entry['completed']}")
-    adacomp = next((rate for key, rate in rates.items() if "adacomp" in key), None)
-    dense = sorted(((int(key.rsplit(", ", 1)[1].split()[0]), rate) for key, rate in rates.items() if "adacomp" not in key))
-    if adacomp and dense:
-        enough = next((n for n, rate in dense if rate >= adacomp), None)
-        body += ["", "Verdict: " + (f"dense ASGD matched AdaComp's {adacomp:,.1f} updates/s with {enough} server(s): "
-                                    f"{enough} server links and {enough} server CPU quotas against AdaComp's one."
-                                    if enough else
-                                    f"dense ASGD did not match AdaComp's {adacomp:,.1f} updates/s with up to {dense[-1][0]} "
-                                    f"servers ({dense[-1][1]:,.1f} updates/s): more servers than that, each a link and a CPU quota.")]
+    body = ["Where 64 devices' dense pushes load one server, does splitting the model over more server processes "
+            "(`server.shards`, balanced key ranges, each server with the profile's server CPU and link) do what "
+            "AdaComp's compression does?", "", *servers_table(records_of(out, "servers"))]
     return Section("Compression or more servers", body, [], result["command"], comparison_failures(result, "servers"),
                    runs=[result["runs"]])
 

@@ -29,7 +29,7 @@ from emulator.experiments.paper.results import Section
 from emulator.experiments.records import SUFFIX, read_records
 
 TITLE = "# Reproducing Hardy, Le Merrer and Sericola (NCA 2017): results regenerated from the run records"
-TITLES = {"bytes": "Bytes per update on both bases", "alphas": "Step size per method", "methods": "Accuracy and bytes per method",
+TITLES = {"servers": "Compression or more servers", "bytes": "Bytes per update on both bases", "alphas": "Step size per method", "methods": "Accuracy and bytes per method",
           "ingress": "Server ingress against the number of workers", "heterogeneity": "Device CPU heterogeneity",
           "crash": "Device crashes", "availability": "Device availability from traces"}  # others: the experiment's name
 
@@ -49,7 +49,7 @@ def regenerate(records_dir: Path, out: Path, command: str) -> Path:
     names = sorted(groups, key=lambda n: (order.get(n.split("/")[0], len(order)), n))
     styles = figures.Styles([r["label"] for name in names for r in groups[name] if r.get("label")])
     out.mkdir(parents=True, exist_ok=True)
-    sections = [RENDERERS[groups[name][0]["kind"]](name, groups[name], out, styles) for name in names]
+    sections = [renderer(name, groups[name])(name, groups[name], out, styles) for name in names]
     size = sum(p.stat().st_size for p in records_dir.rglob(f"*{SUFFIX}"))
     commits = sorted({r["provenance"].get("commit") or "unknown" for r in records})
     lines = [TITLE, "",
@@ -382,7 +382,22 @@ def bytes_section(name: str, records: list[dict], out: Path, styles) -> Section:
     return Section(name, body, [], record["provenance"].get("command") or "-")
 
 
-RENDERERS = {"compare": compare_section, "sweep": sweep_section, "bytes": bytes_section}
+def servers_section(name: str, records: list[dict], out: Path, styles) -> Section:
+    """A comparison, then what splitting the model over several servers bought (:mod:`.servers`)."""
+    from emulator.experiments.paper.servers import servers_table
+
+    section = compare_section(name, records, out, styles)
+    section.body += ["", "### Compression or more servers", "", *servers_table(records)]
+    return section
 
 
-__all__ = ["RENDERERS", "accuracy_table", "compare_rows", "curve_of", "regenerate"]
+RENDERERS = {"compare": compare_section, "sweep": sweep_section, "bytes": bytes_section}  # by the records' kind
+OWN_RENDERERS = {"servers": servers_section}  # experiments with more to say than their kind's section
+
+
+def renderer(name: str, records: list[dict]):
+    """The section writer of one experiment: its own, else its records' kind's."""
+    return OWN_RENDERERS.get(name.split("/")[0]) or RENDERERS[records[0]["kind"]]
+
+
+__all__ = ["OWN_RENDERERS", "RENDERERS", "accuracy_table", "compare_rows", "curve_of", "regenerate"]

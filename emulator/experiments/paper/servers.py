@@ -1,0 +1,113 @@
+"""Compression or more servers (issue 30): dense ASGD with its model split over 1, 2 and 4 server
+processes against AdaComp on one, on the same devices.
+
+:func:`servers_table` reads the experiment's run records (one per run, :mod:`emulator.experiments.records`)
+and answers the question from them: per method and number of servers, the update rate, the
+ingress of the busiest server link and of all of them, the servers' CPU, and, paired by seed, each
+dense configuration's update rate against AdaComp's with a Holm-adjusted verdict. The same
+function renders the section of ``make figures`` (from the records the runs just wrote) and of
+``make reproduction`` (from the committed ones).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from analysis.outcomes import adjust_family, mean_ci, paired_difference
+
+
+def _servers(record: dict) -> int:
+    return len(record["summary"].get("servers") or []) or 1
+
+
+def _cell(values: list[float], spec: str) -> str:
+    n, mean, half = mean_ci(values)
+    if not n:
+        return "-"
+    return format(mean, spec) + ("" if math.isnan(half) else f" ± {half:{spec}}") + f" ({n})"
+
+
+def _per_run(record: dict) -> dict:
+    """One completed run's rates: updates/s, ingress per second on the busiest server link and on all
+    of them (payload), the servers' CPU (cores during training, and per update)."""
+    s = record["summary"]
+    duration = s.get("duration_s") or math.nan
+    servers = s.get("servers") or [{"name": "server", "ingress_payload_bytes": s.get("ingress_payload_bytes") or 0}]
+    ingress = [int(x.get("ingress_payload_bytes") or 0) for x in servers]
+    cpu = record.get("server_cpu_s") or {}
+    used = sum(cpu.values()) if len(cpu) == len(servers) else None  # every server sampled, or not told
+    updates = s.get("updates_applied") or 0
+    return {"rate": s.get("updates_per_s"), "busiest": max(ingress) / duration / 1e6, "all": sum(ingress) / duration / 1e6,
+            "cores": None if used is None else used / duration,
+            "cpu_ms": None if used is None or not updates else 1000 * used / updates}
+
+
+def servers_table(records: list[dict]) -> list[str]:
+    """The section's table and verdict (markdown lines) from the experiment's records."""
+    done = [r for r in records if r["row"].get("status") == "completed"]
+    labels = list(dict.fromkeys(r["label"] for r in records))
+    lines = ["Per method and number of server processes, over its completed runs (mean ± 95 % Student-t half-width, "
+             "n): server updates per second; payload the servers received per second of training, on the busiest "
+             "server's link and on all of them; the server processes' CPU during training (cores, all servers; and "
+             "milliseconds per update), from the containers' CPU counters.", "",
+             "| method | servers | updates/s | busiest server link in (MB/s) | all server links in (MB/s) | "
+             "server CPU (cores) | server CPU / update (ms) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for label in labels:
+        runs = [_per_run(r) for r in done if r["label"] == label]
+        servers = {_servers(r) for r in records if r["label"] == label}
+        cells = [_cell([x[k] for x in runs if x[k] is not None], spec)
+                 for k, spec in (("rate", ",.1f"), ("busiest", ".3f"), ("all", ".3f"), ("cores", ".2f"), ("cpu_ms", ".2f"))]
+        lines.append(f"| `{label}` | {'/'.join(str(n) for n in sorted(servers))} | " + " | ".join(cells) + " |")
+    return lines + ["", *_verdict(done)]
+
+
+def _verdict(done: list[dict]) -> list[str]:
+    """Each dense configuration's update rate minus AdaComp's, paired by seed, Holm over the configurations."""
+    adacomp = [r for r in done if r["summary"].get("compressor") == "adacomp" or r["label"].startswith("adacomp")]
+    if not adacomp:
+        return ["Verdict: no completed AdaComp run to compare with."]
+    reference = adacomp[0]["label"]
+    base = {r["seed"]: r["summary"].get("updates_per_s") for r in adacomp if r["label"] == reference}
+    dense = sorted({(_servers(r), r["label"]) for r in done if r["label"] != reference})
+    tests = []
+    for servers, label in dense:
+        pairs = [(r["summary"].get("updates_per_s"), base.get(r["seed"])) for r in done if r["label"] == label]
+        tests.append({"servers": servers, "label": label, **paired_difference(pairs)})
+    adjust_family(tests)
+    lines = [f"Updates per second minus `{reference}`'s, paired by seed (Holm over the {len(tests)} configurations):", ""]
+    for t in tests:
+        if t["mean"] is None:
+            lines.append(f"- `{t['label']}` ({t['servers']} server(s)): no paired runs")
+            continue
+        spread = "" if t["half_width"] is None else f" ± {t['half_width']:,.1f}"
+        said = {"A better": "faster", "B better": "slower", "can't tell": "can't tell"}[t["verdict"]]
+        p = "-" if t["p_holm"] is None else f"{t['p_holm']:.3g}"
+        lines.append(f"- `{t['label']}` ({t['servers']} server(s)): {t['mean']:+,.1f}{spread} updates/s (n = {t['n']}), "
+                     f"Holm p {p}: {said}")
+    enough = next((t for t in tests if t["mean"] is not None and t["verdict"] != "B better"), None)
+    if enough is None:
+        most = max((t["servers"] for t in tests), default=0)
+        answer = (f"dense ASGD with up to {most} servers updated the model more slowly than AdaComp on one (every "
+                  "configuration slower at the family's level): matching it needs more servers than that, each a link and a "
+                  "CPU quota of its own.")
+    elif enough["verdict"] == "A better":
+        answer = (f"dense ASGD updated the model faster than AdaComp on one with {enough['servers']} servers "
+                  f"(`{enough['label']}`), and more slowly with any fewer: {enough['servers']} server links and CPU quotas "
+                  "against AdaComp's one, at the ingress and CPU above.")
+    else:
+        answer = (f"with {enough['servers']} servers (`{enough['label']}`) dense ASGD was not shown slower than AdaComp on "
+                  "one, nor faster (can't tell at this number of seeds); with fewer it was slower. The fewest servers "
+                  f"that may match AdaComp: {enough['servers']}, each a link and a CPU quota of its own.")
+    return lines + ["", "Verdict: " + answer]
+
+
+def records_of(out: Path, name: str = "servers") -> list[dict]:
+    """The records the experiment's runs wrote under ``out`` (``<out>/records/<name>/``)."""
+    from emulator.experiments.records import read_records
+
+    folder = Path(out) / "records" / name
+    return read_records(folder) if folder.is_dir() else []
+
+
+__all__ = ["records_of", "servers_table"]
