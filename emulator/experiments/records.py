@@ -39,13 +39,13 @@ SUFFIX = ".json.gz"
 SIGMA_STEP = 0.005  # sigma / d histogram bin width
 
 
-def _clean(value):
+def clean(value):
     """JSON-safe and stable: NaN and infinities become None, numpy scalars plain numbers, floats
     rounded to 9 significant digits (what float32 traces carry, and no platform noise)."""
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [clean(v) for v in value]
     if isinstance(value, (np.integer,)):
         return int(value)
     if isinstance(value, (float, np.floating)):
@@ -138,7 +138,7 @@ def make_record(run_dir: Path, *, experiment: str, label: str, repeat: int = 0, 
                  "server": {k: v for k, v in (plan.get("server") or {}).items() if k in ("cpus", "link")}},
         **(extra or {}),
     }
-    return _clean(record)
+    return clean(record)
 
 
 def record_bytes(record: dict) -> bytes:
@@ -170,9 +170,15 @@ def read_records(folder: Path) -> list[dict]:
     return sorted((read_record(p) for p in paths), key=lambda r: (r["experiment"], r.get("order", 0), r["run_id"]))
 
 
+def experiment_records(folder: Path, experiment: str) -> list[dict]:
+    """The records of one experiment under ``folder`` (``<folder>/<experiment>/``); none if it has none."""
+    where = Path(folder) / experiment
+    return read_records(where) if where.is_dir() else []
+
+
 def record_path(folder: Path, experiment: str, run_id: str) -> Path:
     return Path(folder) / experiment / f"{run_id}{SUFFIX}"
 
 
-__all__ = ["FORMAT", "SUFFIX", "make_record", "read_record", "read_records", "record_bytes", "record_path",
+__all__ = ["FORMAT", "SUFFIX", "clean", "experiment_records", "make_record", "read_record", "read_records", "record_bytes", "record_path",
            "staleness_record", "write_record"]

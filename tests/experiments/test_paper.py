@@ -169,6 +169,38 @@ def test_each_method_gets_the_alpha_of_its_best_run_that_neither_diverged_nor_di
     assert best_alphas(PROFILES["smoke"], tmp_path) == {}  # no grid in the profile: the paper's alpha only
 
 
+def test_without_the_grids_runs_the_steps_are_chosen_from_its_records(tmp_path):
+    """A later session on a fresh machine: the grid's runs are gone, its committed records are not."""
+    from dataclasses import replace
+
+    from emulator.experiments.paper.experiments import best_alphas, with_alpha
+    from emulator.experiments.records import record_path, write_record
+
+    profile = replace(PROFILES["smoke"], alpha_methods=("asgd",), alpha_grid=(0.02, 0.005))
+    for i, (alpha, status, outcome, accuracy) in enumerate([(0.02, "completed", "ok", 0.7), (0.005, "completed", "ok", 0.6),
+                                                             (0.02, "failed", None, None), (0.005, "completed", "ok", 0.62)]):
+        row = {"method": with_alpha("asgd", alpha), "run_id": f"{i:02d}", "status": status, "outcome": outcome,
+               "final_accuracy": accuracy}
+        write_record(record_path(tmp_path / "records", "alphas", row["run_id"]),
+                     {"experiment": "alphas", "run_id": row["run_id"], "row": row})
+    assert best_alphas(profile, tmp_path) == {"asgd": 0.005}  # 0.02 failed once: not every repetition trained
+
+
+def test_a_record_keeps_its_commit_only_for_the_run_it_was_made_from(tmp_path):
+    from emulator.experiments.paper.runner import keep_commit
+    from emulator.experiments.records import write_record
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"duration_s": 1 / 3, "updates_applied": 10}))
+    path = write_record(tmp_path / "r.json.gz", {"summary": {"duration_s": float(f"{1 / 3:.9g}"), "updates_applied": 10},
+                                                 "provenance": {"commit": "old"}})
+    assert keep_commit(path, "new", run) == "old"  # the same run, reused
+    (run / "summary.json").write_text(json.dumps({"duration_s": 0.5, "updates_applied": 10}))
+    assert keep_commit(path, "new", run) == "new"  # a run made again under the same name
+    assert keep_commit(tmp_path / "none.json.gz", "new", run) == "new"
+
+
 # -- the runs the claims need, planned without running ------------------------------------
 
 
@@ -261,3 +293,15 @@ def test_a_section_says_how_many_runs_were_reused_and_what_they_cost():
     assert timing(section) == (" 30 runs (28 reused from an earlier invocation, 2 run by this one); their run time 1 h 35 min "
                                "(boot and training, summed from their summaries); wall time of this invocation 1 s.")
     assert timing(Section("y", [], [], "-", seconds=6.0)) == " Wall time of this invocation 6 s."
+
+
+def test_the_driver_takes_in_the_committed_records_without_overwriting_newer_ones(tmp_path):
+    from emulator.experiments.paper.driver import _copy_missing
+
+    committed, out = tmp_path / "committed", tmp_path / "out" / "records"
+    for folder, name, text in ((committed, "alphas/a.json.gz", "old a"), (committed, "alphas/b.json.gz", "old b"),
+                               (out, "alphas/b.json.gz", "new b")):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    _copy_missing(committed, out)
+    assert (out / "alphas/a.json.gz").read_text() == "old a" and (out / "alphas/b.json.gz").read_text() == "new b"

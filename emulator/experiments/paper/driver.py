@@ -71,6 +71,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     say(f"paper figures: profile {args.profile}, backend {backend}, dataset {dataset}: {source}")
+    if args.records and Path(args.records).is_dir():  # what earlier runs recorded (step grids) is known here too
+        _copy_missing(Path(args.records), out / "records")
     sections = []
     for name, experiment in EXPERIMENTS.items():
         if args.only and name not in args.only:
@@ -101,3 +103,16 @@ def main(argv=None) -> int:
             say(f"  {failure}")
         return 1
     return 0
+
+
+def _copy_missing(source: Path, target: Path) -> None:
+    """Copy the records under ``source`` that ``target`` does not hold (a record made here is newer)."""
+    import shutil
+
+    from emulator.experiments.records import SUFFIX
+
+    for path in source.rglob(f"*{SUFFIX}"):
+        to = target / path.relative_to(source)
+        if not to.exists():
+            to.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, to)

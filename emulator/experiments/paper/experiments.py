@@ -20,7 +20,8 @@ from emulator.experiments.paper.profiles import LINKS, PAPER, Profile
 from emulator.experiments.paper.claims import c191_experiment, claim6_experiment, equal_step_experiment
 from emulator.experiments.paper.steps import best_alphas, with_alpha
 from emulator.experiments.paper.results import Section
-from emulator.experiments.paper.servers import records_of, servers_table
+from emulator.experiments.records import experiment_records
+from emulator.experiments.paper.servers import servers_table
 from emulator.experiments.paper.runner import (
     comparison_failures,
     run_comparison,
@@ -288,7 +289,7 @@ def servers_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
                             profile.servers_repeat, out, backend, say)
     body = ["Where 64 devices' dense pushes load one server, does splitting the model over more server processes "
             "(`server.shards`, balanced key ranges, each server with the profile's server CPU and link) do what "
-            "AdaComp's compression does?", "", *servers_table(records_of(out, "servers"))]
+            "AdaComp's compression does?", "", *servers_table(experiment_records(out / "records", "servers"))]
     return Section("Compression or more servers", body, [], result["command"], comparison_failures(result, "servers"),
                    runs=[result["runs"]])
 

@@ -72,13 +72,19 @@ def commit() -> str | None:
     return head + ("-dirty" if dirty else "")
 
 
-def keep_commit(path: Path, fresh: str | None) -> str | None:
-    """A record's commit is the one that first wrote it: a rerun that reuses the run keeps it."""
-    from emulator.experiments.records import read_record
+def keep_commit(path: Path, fresh: str | None, run_dir: Path | None = None) -> str | None:
+    """A record's commit is the one that first wrote it: a rerun that reuses the run keeps it. A
+    record of another run under the same name (a committed record, the run made again here) does not."""
+    import json
+
+    from emulator.experiments.records import clean, read_record
 
     if path.exists():
         try:
-            return read_record(path)["provenance"].get("commit")
+            stored = read_record(path)
+            if run_dir is not None and stored.get("summary") != clean(json.loads((Path(run_dir) / "summary.json").read_text())):
+                return fresh
+            return stored["provenance"].get("commit")
         except (OSError, ValueError, KeyError):
             return fresh
     return fresh
@@ -99,7 +105,7 @@ def write_comparison_records(result: dict, out: Path, extra: dict[str, dict] | N
             continue
         path = record_path(out / "records", result["name"], row["run_id"])
         record = make_record(run_dir, experiment=result["name"], label=row["method"], repeat=row.get("repeat", 0),
-                             command=result["command"], commit=keep_commit(path, fresh),
+                             command=result["command"], commit=keep_commit(path, fresh, run_dir),
                              extra={"order": row.get("repeat", 0) * 1000 + labels.index(row["method"]),
                                     **((extra or {}).get(row["method"]) or {})})
         written.append(write_record(path, record))
@@ -139,7 +145,7 @@ def write_sweep_records(result: dict, out: Path) -> list[Path]:
         path = record_path(out / "records", result["name"], run.path.name)
         record = make_record(run.path, experiment=result["name"], label=run.method, repeat=values.get("repetition", 0),
                              kind="sweep", grid={k: values.get(k) for k in collection.grid}, command=result["command"],
-                             commit=keep_commit(path, fresh),
+                             commit=keep_commit(path, fresh, run.path),
                              extra={"order": values.get("point", 0) * 1000 + values.get("repetition", 0)})
         written.append(write_record(path, record))
     return written

@@ -12,7 +12,6 @@ function renders the section of ``make figures`` (from the records the runs just
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from analysis.outcomes import adjust_family, mean_ci, paired_difference
 
@@ -102,12 +101,4 @@ def _verdict(done: list[dict]) -> list[str]:
     return lines + ["", "Verdict: " + answer]
 
 
-def records_of(out: Path, name: str = "servers") -> list[dict]:
-    """The records the experiment's runs wrote under ``out`` (``<out>/records/<name>/``)."""
-    from emulator.experiments.records import read_records
-
-    folder = Path(out) / "records" / name
-    return read_records(folder) if folder.is_dir() else []
-
-
-__all__ = ["records_of", "servers_table"]
+__all__ = ["servers_table"]

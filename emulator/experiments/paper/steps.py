@@ -21,6 +21,7 @@ from pathlib import Path
 
 from analysis.outcomes import trained
 from emulator.experiments.paper.runner import run_failure
+from emulator.experiments.records import experiment_records
 
 
 def with_alpha(method: str, alpha: float) -> str:
@@ -80,12 +81,21 @@ def _accuracy(row: dict) -> float | None:
 def best_alphas(profile, out) -> dict[str, float]:
     """Per method of the profile's step grids, its chosen step (:func:`choose`: every
     repetition trained, best mean final accuracy, ties to the larger step); a method none of
-    whose steps trained in every repetition is left out."""
-    path = out / "runs" / "alphas" / "compare.json"
-    if not profile.step_grids() or not path.exists():
+    whose steps trained in every repetition is left out. From the grid's runs under ``out`` when
+    they are there, else from its records (``<out>/records/alphas``: the committed ones, which the
+    driver copies in from ``--records``), so a later session's experiments build on a grid run
+    in an earlier one on another machine."""
+    if not profile.step_grids():
         return {}
-    return {m: c.alpha for m, c in choices(profile, json.loads(path.read_text())["methods"], path.parent).items()
-            if c.alpha is not None}
+    path = out / "runs" / "alphas" / "compare.json"
+    if path.exists():
+        picked = choices(profile, json.loads(path.read_text())["methods"], path.parent)
+    else:
+        records = experiment_records(out / "records", "alphas")
+        if not records:
+            return {}
+        picked = choose([r["row"] for r in records], profile.step_grids(), failed=lambda row: row.get("status") != "completed")
+    return {m: c.alpha for m, c in picked.items() if c.alpha is not None}
 
 
 def choices(profile, rows: list[dict], directory: Path) -> dict[str, Choice]:
