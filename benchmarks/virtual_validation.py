@@ -2,9 +2,9 @@
 
 ``python -m benchmarks.virtual_validation scenarios/quickstart.yaml --seeds 1 2 3`` runs each seed on
 both backends (``--runs DIR`` reuses runs made before under DIR: a pair already there is read, not
-run again), then writes per pair: updates per second (over the whole run, and steady: between its 10th and 90th
-percent of updates), up and down bytes per update, the staleness
-distribution (Kolmogorov-Smirnov distance between the two runs' staleness samples), accuracy at
+run again), then writes per pair: updates per second (over the whole run, and steady: between its
+10th and 90th percent of updates), a worker step's phases (gradient, compression, exchange), up
+and down bytes per update, the staleness distribution (Kolmogorov-Smirnov distance between the two runs' staleness samples), accuracy at
 equal time, time to a target accuracy, final accuracy and training time; and per scenario each
 target of docs/VIRTUAL_TIME.md with whether it is met. ``--set`` overrides the scenario as
 ``emulate run --set`` does (``--label`` names the result), so one file gives dense and delta pulls::
@@ -37,6 +37,21 @@ STEADY = (0.1, 0.9)  # the steady rate: updates between these shares of the run'
 
 def update_rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "updates.jsonl").read_text().splitlines() if line.strip()]
+
+
+PHASES = ("compute_ms", "compress_ms", "network_ms", "compute_cpu_ms", "compress_cpu_ms")
+
+
+def phases(run: Path) -> dict:
+    """A worker step's phases, averaged over every step of every worker (``steps.jsonl``, each
+    record a reporting interval's means): where a rate gap comes from, gradient, compression or
+    the exchange (push sent to reply taken, the reply's reading included)."""
+    path = run / "steps.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    steps = sum(r.get("steps", 0) for r in rows)
+    if not steps:
+        return {}
+    return {key: round(sum(r.get(key, 0) * r.get("steps", 0) for r in rows) / steps, 3) for key in PHASES}
 
 
 def staleness(rows: list[dict]) -> np.ndarray:
@@ -91,6 +106,7 @@ def compare_pair(docker: Path, virtual: Path) -> dict:
     row["docker_steady_updates_per_s"], row["virtual_steady_updates_per_s"] = steady_rate(rows_d), steady_rate(rows_v)
     if row["docker_steady_updates_per_s"] and row["virtual_steady_updates_per_s"] is not None:
         row["steady_updates_per_s_rel_err"] = round(row["virtual_steady_updates_per_s"] / row["docker_steady_updates_per_s"] - 1, 4)
+    row["docker_phases"], row["virtual_phases"] = phases(docker), phases(virtual)
     sd, sv = staleness(rows_d), staleness(rows_v)
     row["staleness_ks"] = round(ks_distance(sd, sv), 4)
     row["docker_mean_staleness"], row["virtual_mean_staleness"] = round(float(sd.mean()), 3), round(float(sv.mean()), 3)

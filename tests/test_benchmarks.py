@@ -163,6 +163,15 @@ def test_virtual_validation_reads_time_to_target_and_accuracy_at_equal_time_from
     assert not judged["time_to_target"]["met"] and not judged["staleness_ks"]["met"]
     assert judged["accuracy_at_equal_time"]["virtual_mean"] == 0.88
     assert row["docker_steady_updates_per_s"] is None  # 4 updates: too few to cut a start and an end from
+    assert row["docker_phases"] == {}  # no steps.jsonl
+
+
+def test_a_steps_phases_are_weighted_by_the_steps_of_each_interval(tmp_path):
+    from benchmarks.virtual_validation import phases
+
+    (tmp_path / "steps.jsonl").write_text(json.dumps({"steps": 3, "compute_ms": 10, "network_ms": 100}) + "\n"
+                                          + json.dumps({"steps": 1, "compute_ms": 30, "network_ms": 20}) + "\n")
+    assert phases(tmp_path)["compute_ms"] == 15.0 and phases(tmp_path)["network_ms"] == 80.0
 
 
 def test_the_steady_rate_leaves_out_a_runs_start_and_end(tmp_path):
