@@ -176,9 +176,21 @@ def experiment_records(folder: Path, experiment: str) -> list[dict]:
     return read_records(where) if where.is_dir() else []
 
 
+def curve_of(record: dict) -> list[dict]:
+    """The comparison's curve (version, cumulative bytes, accuracy, training time) of a record."""
+    e = record["evaluations"]
+    return [{"version": v, "bytes": b or 0, "accuracy": a, "time_s": t}
+            for v, b, a, t in zip(e["version"], e["bytes"], e["accuracy"], e["time_s"])]
+
+
+def compare_rows(records: list[dict]) -> list[dict]:
+    """The comparison's rows (as ``emulate compare`` makes them from run directories) from records."""
+    return [{**r["row"], "curve": curve_of(r), "repeat": r["repeat"], "seed": r["seed"]} for r in records]
+
+
 def record_path(folder: Path, experiment: str, run_id: str) -> Path:
     return Path(folder) / experiment / f"{run_id}{SUFFIX}"
 
 
-__all__ = ["FORMAT", "SUFFIX", "clean", "experiment_records", "make_record", "read_record", "read_records", "record_bytes", "record_path",
+__all__ = ["FORMAT", "SUFFIX", "clean", "compare_rows", "curve_of", "experiment_records", "make_record", "read_record", "read_records", "record_bytes", "record_path",
            "staleness_record", "write_record"]

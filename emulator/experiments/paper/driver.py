@@ -74,24 +74,26 @@ def main(argv=None) -> int:
     if args.records and Path(args.records).is_dir():  # what earlier runs recorded (step grids) is known here too
         _copy_missing(Path(args.records), out / "records")
     sections = []
-    for name, experiment in EXPERIMENTS.items():
-        if args.only and name not in args.only:
-            continue
-        began = time.monotonic()
-        try:
-            section = experiment(profile, out, backend, dataset, say)
-        except Exception as exc:  # noqa: BLE001 - a failed experiment is a marked section, and exit 1
-            cause = (str(exc).strip().splitlines() or [""])[0]
-            say(f"{name}: experiment failed: {type(exc).__name__}: {cause}")
-            section = Section(name, [f"**FAILED**: {type(exc).__name__}: {cause}"], [], "-",
-                              [f"{name}: the experiment failed: {type(exc).__name__}: {cause}"])
-        section.seconds = time.monotonic() - began
-        sections.append(section)
-    if args.records and (out / "records").is_dir():  # the committed copy: every record this output folder holds, new or rewritten
-        import shutil
+    try:
+        for name, experiment in EXPERIMENTS.items():
+            if args.only and name not in args.only:
+                continue
+            began = time.monotonic()
+            try:
+                section = experiment(profile, out, backend, dataset, say)
+            except Exception as exc:  # noqa: BLE001 - a failed experiment is a marked section, and exit 1
+                cause = (str(exc).strip().splitlines() or [""])[0]
+                say(f"{name}: experiment failed: {type(exc).__name__}: {cause}")
+                section = Section(name, [f"**FAILED**: {type(exc).__name__}: {cause}"], [], "-",
+                                  [f"{name}: the experiment failed: {type(exc).__name__}: {cause}"])
+            section.seconds = time.monotonic() - began
+            sections.append(section)
+    finally:  # Ctrl-C too: the comparisons that finished keep their records (a later session goes on from them)
+        if args.records and (out / "records").is_dir():  # the committed copy: every record this output folder holds
+            import shutil
 
-        shutil.copytree(out / "records", Path(args.records), dirs_exist_ok=True)
-        say(f"records copied to {args.records}")
+            shutil.copytree(out / "records", Path(args.records), dirs_exist_ok=True)
+            say(f"records copied to {args.records}")
     meta = {"profile": args.profile, "backend": backend, "dataset": dataset, "dataset_source": source,
             "when": time.strftime("%Y-%m-%d %H:%M"), "seconds": time.monotonic() - started}
     path = write_results(out, meta, sections)

@@ -24,6 +24,7 @@ from emulator.experiments.records import experiment_records
 from emulator.experiments.paper.servers import servers_table
 from emulator.experiments.paper.runner import (
     comparison_failures,
+    recorded_comparison,
     run_comparison,
     run_failure,
     run_sweep_into,
@@ -309,8 +310,8 @@ def federated_experiment(profile: Profile, out: Path, backend: str, dataset: str
     failures, commands, counted = [], [], []
     for link in profile.federated_links:
         title, link_sets = LINKS[link]
-        result = run_comparison(f"federated-{link}", list(profile.federated_methods), [*base, *link_sets],
-                                profile.federated_repeat, out, backend, say)
+        plan = (f"federated-{link}", list(profile.federated_methods), [*base, *link_sets], profile.federated_repeat, out)
+        result = recorded_comparison(*plan) or run_comparison(*plan[:4], out, backend, say)  # one link a session, if need be
         commands.append(result["command"])
         counted.append(result["runs"])
         failures += comparison_failures(result, f"federated ({title})")
@@ -321,7 +322,9 @@ def federated_experiment(profile: Profile, out: Path, backend: str, dataset: str
                         f"{interval_cell(entry['final_accuracy'], '.4f')} | {interval_cell(entry['time_to_target'], '.1f')} | "
                         f"{interval_cell(entry['bytes_per_update'], ',.0f')} | {interval_cell(entry['down_bytes_per_update'], ',.0f')} | "
                         f"{interval_cell(entry['two_way_bytes_per_update'], ',.0f')} |")
-        body += ["", f"Rounds, accuracy against ingress bytes and the paired verdicts: {result['directory']}/compare.md.", ""]
+        body += ["", ("Read from the committed records of its runs (run in an earlier session): " + result["directory"]
+                      if result.get("from_records") else
+                      f"Rounds, accuracy against ingress bytes and the paired verdicts: {result['directory']}/compare.md."), ""]
     body.append("Intervals: mean ± 95 % Student-t half-width over the paired repetitions (n).")
     return Section("Federated methods", body, [], " ; ".join(commands), failures, runs=counted)
 

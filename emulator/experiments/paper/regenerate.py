@@ -26,7 +26,7 @@ import pandas as pd
 
 from analysis import figures
 from emulator.experiments.paper.results import Section
-from emulator.experiments.records import SUFFIX, read_records
+from emulator.experiments.records import SUFFIX, compare_rows, curve_of, read_records
 
 TITLE = "# Reproducing Hardy, Le Merrer and Sericola (NCA 2017): results regenerated from the run records"
 TITLES = {"servers": "Compression or more servers", "bytes": "Bytes per update on both bases", "alphas": "Step size per method", "methods": "Accuracy and bytes per method",
@@ -100,13 +100,6 @@ def _commands(records: list[dict]) -> str:
 # -- comparisons --------------------------------------------------------------------------
 
 
-def curve_of(record: dict) -> list[dict]:
-    """The comparison's curve (version, cumulative bytes, accuracy, training time) of a record."""
-    e = record["evaluations"]
-    return [{"version": v, "bytes": b or 0, "accuracy": a, "time_s": t}
-            for v, b, a, t in zip(e["version"], e["bytes"], e["accuracy"], e["time_s"])]
-
-
 def accuracy_table(record: dict) -> pd.DataFrame:
     """A record's evaluations as :mod:`analysis.figures` draws them, its outcome in ``attrs``."""
     e = record["evaluations"]
@@ -115,10 +108,6 @@ def accuracy_table(record: dict) -> pd.DataFrame:
     table.attrs["outcome"] = record["row"].get("outcome")
     table.attrs["run"] = record["run_id"]
     return table
-
-
-def compare_rows(records: list[dict]) -> list[dict]:
-    return [{**r["row"], "curve": curve_of(r), "repeat": r["repeat"], "seed": r["seed"]} for r in records]
 
 
 def compare_section(name: str, records: list[dict], out: Path, styles) -> Section:
@@ -400,4 +389,4 @@ def renderer(name: str, records: list[dict]):
     return OWN_RENDERERS.get(name.split("/")[0]) or RENDERERS[records[0]["kind"]]
 
 
-__all__ = ["OWN_RENDERERS", "RENDERERS", "accuracy_table", "compare_rows", "curve_of", "regenerate"]
+__all__ = ["OWN_RENDERERS", "RENDERERS", "accuracy_table", "regenerate"]

@@ -40,6 +40,28 @@ def run_comparison(name: str, methods: list[str], overrides: list[str], repeat: 
     return result
 
 
+def recorded_comparison(name: str, methods: list[str], overrides: list[str], repeat: int, out: Path) -> dict | None:
+    """A :func:`run_comparison`'s result from records alone, where every run it plans has a record
+    of the same plan under ``<out>/records/<name>/`` and none of its runs is under ``<out>/runs``:
+    an experiment of several comparisons (one per link profile) then spans sessions on fresh
+    machines, each committing the records of the comparisons it finished. None otherwise (run it)."""
+    from emulator.experiments.compare import plan_comparison, report_of
+    from emulator.experiments.records import compare_rows, experiment_records
+
+    if (out / "runs" / name).exists():
+        return None
+    records = {r["run_id"]: r for r in experiment_records(out / "records", name)}
+    planned = plan_comparison(PAPER / "methods.yaml", methods, overrides, repeat)
+    if not records or any(records.get(run.run_id, {}).get("plan_digest") != run.plan_digest for run in planned):
+        return None
+    mine = [records[run.run_id] for run in planned]
+    command = records[planned[0].run_id]["provenance"].get("command") or "-"
+    seconds = sum((r["summary"].get("boot_s") or 0) + (r["summary"].get("duration_s") or 0) for r in mine)
+    return {"name": name, "directory": str(out / "records" / name), "command": command, "repeat": repeat,
+            "table": report_of(compare_rows(mine), None, {"name": name, "repeat": repeat}), "from_records": True,
+            "runs": {"runs": len(mine), "reused": len(mine), "run_seconds": seconds}}
+
+
 def _finished(directory: Path) -> set[str]:
     """The runs under ``directory`` that had finished (a summary.json) before this invocation ran anything."""
     return {p.parent.name for p in Path(directory).glob("*/summary.json")}
@@ -164,10 +186,16 @@ def run_failure(run_dir: Path) -> str | None:
 
 
 def comparison_failures(result: dict, label: str) -> list[str]:
-    """``label: method (run id): why`` for each run of a :func:`run_comparison` that did not complete."""
+    """``label: method (run id): why`` for each run of a :func:`run_comparison` that did not complete
+    (from its row where the result was read from records)."""
     directory = Path(result["directory"])
     return [f"{label}: {row['method']} ({row['run_id']}): {why}" for row in result["table"]["methods"]
-            if (why := run_failure(directory / row["run_id"]))]
+            if (why := (row_failure(row) if result.get("from_records") else run_failure(directory / row["run_id"])))]
+
+
+def row_failure(row: dict) -> str | None:
+    """Why a comparison's row did not complete, from the row alone (None when it did)."""
+    return None if row.get("status") == "completed" else f"{row.get('status')}: from its record"
 
 
 def sweep_failures(collection, name: str) -> dict[int, list[str]]:
