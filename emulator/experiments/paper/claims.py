@@ -185,7 +185,7 @@ def budget(profile: Profile, dataset: str = "fashion-mnist") -> list[tuple[str, 
         "c191": (p.runs if (p := plan_c191(profile, dataset, everything)) else 0),
         "equal_step": (p.runs if (p := plan_equal_step(profile, dataset, {m: -1.0 for m in profile.equal_step_methods}))
                        else 0),
-        "servers": len(profile.servers_methods) * profile.servers_repeat,
+        "servers": len(profile.servers_methods) * profile.servers_repeat * len(profile.servers_links),
         "federated": len(profile.federated_links) * len(profile.federated_methods) * profile.federated_repeat,
     }
     return [(name, runs, runs * MINUTES_PER_RUN.get(name, 0.0)) for name, runs in counts.items()]

@@ -280,19 +280,27 @@ def ingress_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
 
 def servers_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
     """Beyond the paper: compression or more servers. Dense ASGD with the model split over 1, 2 and 4
-    server processes (each with the scenario's server CPU and link) against AdaComp on one: ingress
-    per server link, updates/s, accuracy and time to target, paired seeds. The verdict: how many
+    server processes (each with the scenario's server CPU and link) against AdaComp on one, once per
+    server link of ``profile.servers_links`` (uncapped; 200 Mbit/s in): ingress per server link,
+    updates/s, servers' CPU, accuracy and time to target, paired seeds. The verdict: how many
     servers dense ASGD needs to match AdaComp's update rate, and what that costs in server links
     and server CPU."""
     if not profile.servers_methods:
         return Section("Compression or more servers", ["Not in this profile."], [], "-")
-    result = run_comparison("servers", list(profile.servers_methods), profile.overrides("servers", dataset),
-                            profile.servers_repeat, out, backend, say)
-    body = ["Where 64 devices' dense pushes load one server, does splitting the model over more server processes "
-            "(`server.shards`, balanced key ranges, each server with the profile's server CPU and link) do what "
-            "AdaComp's compression does?", "", *servers_table(experiment_records(out / "records", "servers"))]
-    return Section("Compression or more servers", body, [], result["command"], comparison_failures(result, "servers"),
-                   runs=[result["runs"]])
+    body = ["Where the devices' dense pushes load one server, does splitting the model over more server processes "
+            "(`server.shards`, balanced key ranges, each server with the scenario's server CPU and link) do what "
+            "AdaComp's compression does?", ""]
+    failures, commands, counted = [], [], []
+    for suffix, link_sets in profile.servers_links:
+        name = "servers" + (f"-{suffix}" if suffix else "")
+        plan = (name, list(profile.servers_methods), [*profile.overrides("servers", dataset), *link_sets], profile.servers_repeat, out)
+        result = recorded_comparison(*plan) or run_comparison(*plan[:4], out, backend, say)
+        commands.append(result["command"])
+        counted.append(result["runs"])
+        failures += comparison_failures(result, name)
+        body += [f"### `{name}`: each server's link {'capped by ' + ', '.join(link_sets) if link_sets else 'as the scenario has it (uncapped)'}",
+                 "", *servers_table(experiment_records(out / "records", name)), ""]
+    return Section("Compression or more servers", body, [], " ; ".join(commands), failures, runs=counted)
 
 
 def federated_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:

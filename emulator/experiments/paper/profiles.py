@@ -93,6 +93,9 @@ class Profile:
     servers_methods: tuple[str, ...] = ()
     servers_overrides: tuple[str, ...] = ()
     servers_repeat: int = 3
+    # Each a comparison of its own: (name suffix, overrides). The scenario's server as it is (no link
+    # cap: the servers' CPU decides), and each server behind the ingress experiment's 200 Mbit/s link.
+    servers_links: tuple[tuple[str, tuple[str, ...]], ...] = (("", ()), ("200mbit", ("server.downlink=200mbit",)))
     # Federated methods beside AdaComp and ASGD (docs/FEDERATED.md): FedAvg and FedBuff, dense and
     # with top-k + error feedback and delta pulls, per link profile, paired seeds (none: skipped).
     federated_methods: tuple[str, ...] = ()
@@ -135,7 +138,7 @@ PROFILES = {
         servers_methods=("asgd:training.learning_rate=0.005", "asgd:training.learning_rate=0.005:server.shards=2",
                          "asgd:training.learning_rate=0.005:server.shards=4", "adacomp:c=0.01:training.learning_rate=0.02"),
         servers_overrides=("workers[0].count=8", "workers[0].cpus=0.1", "training.duration=30s", "training.max_updates=null",
-                           "training.eval_every=10s"), servers_repeat=1,
+                           "training.eval_every=10s"), servers_repeat=1, servers_links=(("", ()),),
     ),
     # The paper's regime as far as 2 cores allow (docs/REPRODUCTION.md says what bounds each number):
     # 64 devices, 20,000 server updates, three paired repetitions (five do not fit), the whole test set.

@@ -386,7 +386,7 @@ OWN_RENDERERS = {"servers": servers_section}  # experiments with more to say tha
 
 def renderer(name: str, records: list[dict]):
     """The section writer of one experiment: its own, else its records' kind's."""
-    return OWN_RENDERERS.get(name.split("/")[0]) or RENDERERS[records[0]["kind"]]
+    return OWN_RENDERERS.get(name.split("/")[0].split("-")[0]) or RENDERERS[records[0]["kind"]]  # servers-200mbit: servers
 
 
 __all__ = ["OWN_RENDERERS", "RENDERERS", "accuracy_table", "regenerate"]
