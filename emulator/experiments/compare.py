@@ -60,11 +60,11 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import math
 import os
 import re
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -156,7 +156,8 @@ def parse_method_spec(text: str) -> MethodSpec:
 def compare(scenario_path, methods: list[str], out_root, *, backend: str = "local", overrides=(),
             say: Callable[[str], None] = print, target_accuracy: float | None = None,
             check_fidelity: bool = True, strict: bool = False, tolerance: float = 0.10, repeat: int = 1,
-            directory=None, jobs: int | None = 1) -> Path:
+            directory=None, jobs: int | None = 1, known: Mapping[str, dict] | None = None,
+            after_run: Callable[["PlannedRun", Path], None] | None = None) -> Path:
     """Run ``scenario_path`` once per method spec and repetition; returns the comparison's directory.
 
     Repetition ``r`` runs every method with the same seed, :func:`emulator.experiments.sweep.repetition_seed`
@@ -167,6 +168,9 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
     run that completed with the same plan and reruns the others (an unfinished attempt is moved
     to ``.attempts/``). A run that fails is a row with its status; Ctrl-C stops after the current
     run's teardown, writes the report for the runs done, and raises ``KeyboardInterrupt``.
+    ``known``: rows recorded before elsewhere (run id -> a completed row with its ``plan_digest``),
+    taken instead of running where the plan is the same and the run is not in the directory;
+    ``after_run(run, run_dir)``: called as each run made here ends with a summary (a record of it).
     """
     specs = _parse_all(methods, overrides)
     planned = plan_comparison(scenario_path, methods, overrides, repeat)  # every run checked first
@@ -187,16 +191,21 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
         + (f"seed {seed}" if repeat == 1 else f"{repeat} paired repetitions, seeds {', '.join(map(str, seeds))}")
         + f", backend {backend_cls.name}): {out}")
     options = {"backend": backend_cls.name, "text": text, "check_fidelity": check_fidelity, "strict": strict, "tolerance": tolerance}
+    recorded = {run.run_id: dict(known[run.run_id]) for run in planned if known and run.run_id in known
+                and known[run.run_id].get("plan_digest") == run.plan_digest and known[run.run_id].get("status") == "completed"
+                and completed_summary(out / run.run_id) is None}
+    if recorded:
+        say(f"{len(recorded)} run(s) read from their records, not run again")
     jobs = jobs or max(1, math.floor((os.cpu_count() or 1) / max(max(sum(d.cpus for d in r.plan.devices) for r in planned), 1e-9) + 1e-9))
     if jobs > 1:
-        done, interrupted = _run_forked(planned, out, min(jobs, len(planned)), options, say)
+        done, interrupted = _run_forked(planned, out, min(jobs, len(planned)), options, say, set(recorded), after_run)
     else:
         done, interrupted = [], False
         for i, run in enumerate(planned, start=1):
             where = f"[{i}/{len(planned)}] {run.spec.label}" + (f", repetition {run.repeat} (seed {run.seed})" if repeat > 1 else "")
             done.append(run)
-            if completed_summary(out / run.run_id) is not None:
-                say(f"{where}: done before, reused")
+            if completed_summary(out / run.run_id) is not None or run.run_id in recorded:
+                say(f"{where}: done before, reused" + (" (from its record)" if run.run_id in recorded else ""))
                 continue
             set_aside(out, run.run_id)
             say(where)
@@ -205,11 +214,14 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
                                        **{**options, "backend": run.spec.backend or options["backend"]})
             except RunFailed as exc:  # a failed run is a row of the table (summary.json says why)
                 say(f"{run.spec.label}: run failed: {exc}")
+                _after(after_run, run, out)
                 continue
             if summary.status == "interrupted":
                 interrupted = True
                 break
-    rows = [{**summarize_run(out / run.run_id, run.spec.label), "repeat": run.repeat, "seed": run.seed} for run in done]
+            _after(after_run, run, out)
+    rows = [{**(recorded.get(run.run_id) or summarize_run(out / run.run_id, run.spec.label)), "repeat": run.repeat, "seed": run.seed}
+            for run in done]
     write_report(out, rows, target_accuracy, meta={"scenario": str(scenario_path), "name": name, "seed": seed,
                                                    "backend": backend_cls.name, "overrides": list(overrides),
                                                    "repeat": repeat, "seeds": seeds, "seed_rule": SEED_RULE})
@@ -219,7 +231,14 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
     return out
 
 
-def _run_forked(planned: list["PlannedRun"], out: Path, jobs: int, options: dict, say) -> tuple[list, bool]:
+def _after(after_run, run: "PlannedRun", out: Path) -> None:
+    """``after_run`` for a run that ended with a summary (completed or failed, not interrupted)."""
+    if after_run is not None and (out / run.run_id / "summary.json").exists():
+        after_run(run, out / run.run_id)
+
+
+def _run_forked(planned: list["PlannedRun"], out: Path, jobs: int, options: dict, say, recorded: set[str] = frozenset(),
+                after_run=None) -> tuple[list, bool]:
     """``jobs`` runs at once, each in a child forked as a sweep's are (its output in
     ``logs/<run id>.log``); returns the runs (all of them: each is a row) and whether Ctrl-C stopped them."""
     from concurrent.futures import ThreadPoolExecutor, wait
@@ -227,7 +246,7 @@ def _run_forked(planned: list["PlannedRun"], out: Path, jobs: int, options: dict
     from emulator.experiments.sweep import ForkRunner
 
     runner = ForkRunner()
-    todo = [run for run in planned if completed_summary(out / run.run_id) is None]
+    todo = [run for run in planned if completed_summary(out / run.run_id) is None and run.run_id not in recorded]
     say(f"{len(planned) - len(todo)} run(s) done before, reused; {len(todo)} to run, {jobs} at once (logs in {out / 'logs'})")
 
     def one(run):
@@ -240,6 +259,7 @@ def _run_forked(planned: list["PlannedRun"], out: Path, jobs: int, options: dict
             say(f"{run.run_id}: {outcome if outcome in FLAGGED else summary.get('status', 'done')}")
         except RuntimeError as exc:  # a failed run is a row of the table (summary.json says why)
             say(f"{run.run_id}: run failed: {exc}")
+        _after(after_run, run, out)
 
     with ThreadPoolExecutor(jobs) as pool:
         futures = [pool.submit(one, run) for run in todo]

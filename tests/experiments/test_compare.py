@@ -310,6 +310,24 @@ def test_a_rerun_into_the_directory_reuses_completed_runs(tmp_path, fake_emulati
     assert again["pairs"][0]["left_out"] == [] and again["pairs"][0]["final_accuracy"]["n"] == 2
 
 
+def test_known_rows_are_taken_instead_of_running_and_each_run_is_reported_as_it_ends(tmp_path, fake_emulation):
+    """Rows recorded elsewhere (an earlier session's records) stand for their runs where the plan is the same."""
+    from emulator.experiments.compare import compare, summarize_run
+
+    ended = []
+    compare(TINY_SCENARIO, ["asgd", "adacomp"], tmp_path, repeat=2, directory=tmp_path / "a", say=lambda _: None,
+            after_run=lambda run, run_dir: ended.append((run, run_dir)))
+    assert [run.run_id for run, _ in ended] == ["01-asgd-r0", "02-adacomp-r0", "01-asgd-r1", "02-adacomp-r1"]
+    known = {run.run_id: {**summarize_run(run_dir, run.spec.label), "plan_digest": run.plan_digest} for run, run_dir in ended}
+    known["02-adacomp-r1"]["plan_digest"] = "another plan"  # recorded for another scenario: run again
+    fake_emulation.ran = []
+    directory = compare(TINY_SCENARIO, ["asgd", "adacomp"], tmp_path, repeat=2, directory=tmp_path / "b", say=lambda _: None,
+                        known=known)
+    assert [name for name, _ in fake_emulation.ran] == ["02-adacomp-r1"]
+    first, second = (json.loads((tmp_path / d / "compare.json").read_text())["methods"] for d in ("a", "b"))
+    assert [r["final_accuracy"] for r in second] == [r["final_accuracy"] for r in first]
+
+
 def test_an_interrupted_comparison_reports_the_whole_pairs_it_has(tmp_path, fake_emulation):
     from emulator.experiments.compare import compare
 

@@ -307,30 +307,29 @@ def test_the_driver_takes_in_the_committed_records_without_overwriting_newer_one
     assert (out / "alphas/a.json.gz").read_text() == "old a" and (out / "alphas/b.json.gz").read_text() == "new b"
 
 
-def _record_of(run, accuracy: float) -> dict:
-    row = {"method": run.spec.label, "run_id": run.run_id, "status": "completed", "outcome": "ok", "compressor": "dense",
-           "final_accuracy": accuracy, "bytes_per_update": 1000.0, "updates": 10}
-    return {"experiment": "federated-x", "run_id": run.run_id, "plan_digest": run.plan_digest, "repeat": run.repeat,
-            "seed": run.seed, "row": row, "summary": {"boot_s": 10.0, "duration_s": 20.0},
-            "provenance": {"command": "emulate compare ..."},
-            "evaluations": {"version": [0, 10], "bytes": [0, 10_000], "accuracy": [0.1, accuracy], "time_s": [0.0, 20.0]}}
-
-
-def test_a_comparison_whose_runs_are_all_recorded_is_read_not_run(tmp_path):
-    """An experiment of several comparisons spans sessions: what an earlier one recorded is not run again."""
+def test_a_comparison_whose_runs_are_all_recorded_is_read_not_run(tmp_path, monkeypatch):
+    """An experiment longer than a sitting goes on in the next one: what an earlier one recorded is not run again."""
+    import emulator.control.controller
     from emulator.experiments.compare import plan_comparison
     from emulator.experiments.paper.profiles import PAPER
-    from emulator.experiments.paper.runner import comparison_failures, recorded_comparison
+    from emulator.experiments.paper.runner import comparison_failures, run_comparison
     from emulator.experiments.records import record_path, write_record
 
+    class NoRun:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("a recorded run was run again")
+
+    monkeypatch.setattr(emulator.control.controller, "Emulation", NoRun)
     methods, overrides = ["asgd", "adacomp:c=0.01"], ["training.max_updates=10"]
-    planned = plan_comparison(PAPER / "methods.yaml", methods, overrides, 2)
-    assert recorded_comparison("federated-x", methods, overrides, 2, tmp_path) is None  # nothing recorded: run it
-    for i, run in enumerate(planned):
-        write_record(record_path(tmp_path / "records", "federated-x", run.run_id), _record_of(run, 0.5 + 0.01 * i))
-    result = recorded_comparison("federated-x", methods, overrides, 2, tmp_path)
-    assert result["from_records"] and result["runs"] == {"runs": 4, "reused": 4, "run_seconds": 120.0}
+    for i, run in enumerate(plan_comparison(PAPER / "methods.yaml", methods, overrides, 2)):
+        accuracy = 0.5 + 0.01 * i
+        row = {"method": run.spec.label, "run_id": run.run_id, "status": "completed", "outcome": "ok", "compressor": "dense",
+               "final_accuracy": accuracy, "bytes_per_update": 1000.0, "updates": 10}
+        write_record(record_path(tmp_path / "records", "federated-x", run.run_id),
+                     {"experiment": "federated-x", "run_id": run.run_id, "plan_digest": run.plan_digest, "repeat": run.repeat,
+                      "seed": run.seed, "row": row, "summary": {"boot_s": 10.0, "duration_s": 20.0},
+                      "evaluations": {"version": [0, 10], "bytes": [0, 10_000], "accuracy": [0.1, accuracy], "time_s": [0.0, 20.0]}})
+    result = run_comparison("federated-x", methods, overrides, 2, tmp_path, "local", lambda _: None, from_records=True)
+    assert result["runs"] == {"runs": 4, "reused": 4, "run_seconds": 120.0}
     assert [a["method"] for a in result["table"]["aggregate"]] == methods and comparison_failures(result, "x") == []
-    assert recorded_comparison("federated-x", methods, ["training.max_updates=20"], 2, tmp_path) is None  # another plan
-    (tmp_path / "runs" / "federated-x").mkdir(parents=True)
-    assert recorded_comparison("federated-x", methods, overrides, 2, tmp_path) is None  # runs here: the comparison resumes them
+    assert [r["final_accuracy"] for r in result["table"]["methods"]] == [0.5, 0.51, 0.52, 0.53]

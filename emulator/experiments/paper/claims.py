@@ -98,7 +98,8 @@ def plan_equal_step(profile: Profile, dataset: str, best: dict[str, float]) -> P
 
 
 def _run(planned: Planned, out: Path, backend: str, say) -> dict:
-    return run_comparison(planned.name, list(planned.methods), list(planned.overrides), planned.repeat, out, backend, say)
+    return run_comparison(planned.name, list(planned.methods), list(planned.overrides), planned.repeat, out, backend, say,
+                          from_records=True)
 
 
 def _section(title: str, intro: str, results: list[dict]) -> Section:

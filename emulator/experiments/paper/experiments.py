@@ -24,7 +24,6 @@ from emulator.experiments.records import experiment_records
 from emulator.experiments.paper.servers import servers_table
 from emulator.experiments.paper.runner import (
     comparison_failures,
-    recorded_comparison,
     run_comparison,
     run_failure,
     run_sweep_into,
@@ -48,7 +47,7 @@ def alphas_experiment(profile: Profile, out: Path, backend: str, dataset: str, s
     if not grids:
         return Section("Step size per method", ["Not in this profile."], [], "-")
     result = run_comparison("alphas", steps.grid_specs(grids), profile.overrides("alpha", dataset), profile.alpha_repeat,
-                            out, backend, say)
+                            out, backend, say, from_records=True)
     directory = Path(result["directory"])
     rows = result["table"]["methods"]
     choices = steps.choices(profile, rows, directory)
@@ -293,8 +292,8 @@ def servers_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
     failures, commands, counted = [], [], []
     for suffix, link_sets in profile.servers_links:
         name = "servers" + (f"-{suffix}" if suffix else "")
-        plan = (name, list(profile.servers_methods), [*profile.overrides("servers", dataset), *link_sets], profile.servers_repeat, out)
-        result = recorded_comparison(*plan) or run_comparison(*plan[:4], out, backend, say)
+        result = run_comparison(name, list(profile.servers_methods), [*profile.overrides("servers", dataset), *link_sets],
+                                profile.servers_repeat, out, backend, say, from_records=True)
         commands.append(result["command"])
         counted.append(result["runs"])
         failures += comparison_failures(result, name)
@@ -318,8 +317,8 @@ def federated_experiment(profile: Profile, out: Path, backend: str, dataset: str
     failures, commands, counted = [], [], []
     for link in profile.federated_links:
         title, link_sets = LINKS[link]
-        plan = (f"federated-{link}", list(profile.federated_methods), [*base, *link_sets], profile.federated_repeat, out)
-        result = recorded_comparison(*plan) or run_comparison(*plan[:4], out, backend, say)  # one link a session, if need be
+        result = run_comparison(f"federated-{link}", list(profile.federated_methods), [*base, *link_sets],
+                                profile.federated_repeat, out, backend, say, from_records=True)
         commands.append(result["command"])
         counted.append(result["runs"])
         failures += comparison_failures(result, f"federated ({title})")
@@ -330,9 +329,7 @@ def federated_experiment(profile: Profile, out: Path, backend: str, dataset: str
                         f"{interval_cell(entry['final_accuracy'], '.4f')} | {interval_cell(entry['time_to_target'], '.1f')} | "
                         f"{interval_cell(entry['bytes_per_update'], ',.0f')} | {interval_cell(entry['down_bytes_per_update'], ',.0f')} | "
                         f"{interval_cell(entry['two_way_bytes_per_update'], ',.0f')} |")
-        body += ["", ("Read from the committed records of its runs (run in an earlier session): " + result["directory"]
-                      if result.get("from_records") else
-                      f"Rounds, accuracy against ingress bytes and the paired verdicts: {result['directory']}/compare.md."), ""]
+        body += ["", f"Rounds, accuracy against ingress bytes and the paired verdicts: {result['directory']}/compare.md.", ""]
     body.append("Intervals: mean ± 95 % Student-t half-width over the paired repetitions (n).")
     return Section("Federated methods", body, [], " ; ".join(commands), failures, runs=counted)
 

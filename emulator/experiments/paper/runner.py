@@ -22,44 +22,44 @@ def _options(backend: str, overrides: list[str], repeat: int) -> list[str]:
     return ["--backend", backend, *sum((["--set", o] for o in overrides), []), *(["--repeat", str(repeat)] if repeat > 1 else [])]
 
 
-def run_comparison(name: str, methods: list[str], overrides: list[str], repeat: int, out: Path, backend: str, say) -> dict:
+def run_comparison(name: str, methods: list[str], overrides: list[str], repeat: int, out: Path, backend: str, say,
+                   from_records: bool = False) -> dict:
     """``emulate compare`` of the paper's methods scenario into ``<out>/runs/<name>``: a rerun reuses
     every run that finished there (an interrupted `make figures` resumes). Each run's compact
-    record goes to ``<out>/records/<name>/`` (:func:`write_comparison_records`)."""
-    from emulator.experiments.compare import compare
+    record goes to ``<out>/records/<name>/`` (:func:`write_comparison_records`).
 
-    before = _finished(out / "runs" / name)
-    directory = compare(PAPER / "methods.yaml", methods, out / "runs", backend=backend, overrides=overrides, say=say,
-                        repeat=repeat, directory=out / "runs" / name)
-    command = ["emulate", "compare", "scenarios/paper/methods.yaml", *sum((["-m", m] for m in methods), []),
-               *_options(backend, overrides, repeat), "--dir", str(directory)]
-    result = {"name": name, "directory": str(directory), "command": command_line(command), "repeat": repeat,
+    ``from_records``: a run that has a record of the same plan there (committed by an earlier
+    session, on any machine: the driver copies ``--records`` in) is read from it, not run again,
+    and each run made here is recorded as soon as it ends; a comparison longer than a sitting so
+    goes on in the next one. Only for experiments whose sections read the comparison's table and
+    records, not its run directories."""
+    from emulator.experiments.compare import compare
+    from emulator.experiments.records import compare_rows, experiment_records
+
+    directory = out / "runs" / name
+    before = _finished(directory)
+    command = command_line(["emulate", "compare", "scenarios/paper/methods.yaml", *sum((["-m", m] for m in methods), []),
+                            *_options(backend, overrides, repeat), "--dir", str(directory)])
+    known, after = None, None
+    if from_records:
+        records = experiment_records(out / "records", name)
+        known = {r["run_id"]: {**row, "plan_digest": r.get("plan_digest"), "recorded_seconds": _seconds(r["summary"])}
+                 for r, row in zip(records, compare_rows(records))}
+
+        def after(run, run_dir: Path) -> None:
+            write_run_record(out, name, run_dir, run.spec.label, run.repeat, run.repeat * 1000, command)
+
+    compare(PAPER / "methods.yaml", methods, out / "runs", backend=backend, overrides=overrides, say=say,
+            repeat=repeat, directory=directory, known=known, after_run=after)
+    result = {"name": name, "directory": str(directory), "command": command, "repeat": repeat,
               "table": json.loads((directory / "compare.json").read_text())}
-    result["runs"] = run_counts(directory, [row["run_id"] for row in result["table"]["methods"]], before)
+    result["runs"] = run_counts(directory, [row["run_id"] for row in result["table"]["methods"]], before, known)
     write_comparison_records(result, out)
     return result
 
 
-def recorded_comparison(name: str, methods: list[str], overrides: list[str], repeat: int, out: Path) -> dict | None:
-    """A :func:`run_comparison`'s result from records alone, where every run it plans has a record
-    of the same plan under ``<out>/records/<name>/`` and none of its runs is under ``<out>/runs``:
-    an experiment of several comparisons (one per link profile) then spans sessions on fresh
-    machines, each committing the records of the comparisons it finished. None otherwise (run it)."""
-    from emulator.experiments.compare import plan_comparison, report_of
-    from emulator.experiments.records import compare_rows, experiment_records
-
-    if (out / "runs" / name).exists():
-        return None
-    records = {r["run_id"]: r for r in experiment_records(out / "records", name)}
-    planned = plan_comparison(PAPER / "methods.yaml", methods, overrides, repeat)
-    if not records or any(records.get(run.run_id, {}).get("plan_digest") != run.plan_digest for run in planned):
-        return None
-    mine = [records[run.run_id] for run in planned]
-    command = records[planned[0].run_id]["provenance"].get("command") or "-"
-    seconds = sum((r["summary"].get("boot_s") or 0) + (r["summary"].get("duration_s") or 0) for r in mine)
-    return {"name": name, "directory": str(out / "records" / name), "command": command, "repeat": repeat,
-            "table": report_of(compare_rows(mine), None, {"name": name, "repeat": repeat}), "from_records": True,
-            "runs": {"runs": len(mine), "reused": len(mine), "run_seconds": seconds}}
+def _seconds(summary: dict) -> float:
+    return (summary.get("boot_s") or 0) + (summary.get("duration_s") or 0)
 
 
 def _finished(directory: Path) -> set[str]:
@@ -67,17 +67,20 @@ def _finished(directory: Path) -> set[str]:
     return {p.parent.name for p in Path(directory).glob("*/summary.json")}
 
 
-def run_counts(directory: Path, run_ids: list[str], before: set[str]) -> dict:
-    """How many runs an experiment holds, how many were reused from an earlier invocation, and the
-    run time of them all (boot and training, summed from their summaries): what "wall time" of a
-    resumed invocation does not say."""
-    seconds = 0.0
+def run_counts(directory: Path, run_ids: list[str], before: set[str], known: dict[str, dict] | None = None) -> dict:
+    """How many runs an experiment holds, how many were reused from an earlier invocation (or from
+    their records, ``known``), and the run time of them all (boot and training, summed from their
+    summaries): what "wall time" of a resumed invocation does not say."""
+    seconds, reused = 0.0, 0
     for run_id in run_ids:
         path = Path(directory) / run_id / "summary.json"
         if path.exists():
-            summary = json.loads(path.read_text())
-            seconds += (summary.get("boot_s") or 0) + (summary.get("duration_s") or 0)
-    return {"runs": len(run_ids), "reused": sum(1 for r in run_ids if r in before), "run_seconds": seconds}
+            seconds += _seconds(json.loads(path.read_text()))
+            reused += run_id in before
+        elif known and run_id in known:
+            seconds += known[run_id]["recorded_seconds"]
+            reused += 1
+    return {"runs": len(run_ids), "reused": reused, "run_seconds": seconds}
 
 
 def commit() -> str | None:
@@ -115,23 +118,24 @@ def keep_commit(path: Path, fresh: str | None, run_dir: Path | None = None) -> s
 def write_comparison_records(result: dict, out: Path, extra: dict[str, dict] | None = None) -> list[Path]:
     """One record per run of a :func:`run_comparison` under ``<out>/records/<name>/`` (``extra``: per
     method label, facts to add, such as the authors'-format bytes of its push). Runs without a
-    summary (never finished) get none: they are run again by the next invocation."""
+    summary (never finished, or read from their records) get none new."""
+    directory = Path(result["directory"])
+    labels = list(dict.fromkeys(row["method"] for row in result["table"]["methods"]))
+    return [write_run_record(out, result["name"], directory / row["run_id"], row["method"], row.get("repeat", 0),
+                             row.get("repeat", 0) * 1000 + labels.index(row["method"]), result["command"],
+                             (extra or {}).get(row["method"]))
+            for row in result["table"]["methods"] if (directory / row["run_id"] / "summary.json").exists()]
+
+
+def write_run_record(out: Path, name: str, run_dir: Path, label: str, repeat: int, order: int, command: str,
+                     extra: dict | None = None) -> Path:
+    """The record of one run of comparison ``name`` (its first commit kept, :func:`keep_commit`)."""
     from emulator.experiments.records import make_record, record_path, write_record
 
-    directory, fresh = Path(result["directory"]), commit()
-    labels = list(dict.fromkeys(row["method"] for row in result["table"]["methods"]))
-    written = []
-    for row in result["table"]["methods"]:
-        run_dir = directory / row["run_id"]
-        if not (run_dir / "summary.json").exists():
-            continue
-        path = record_path(out / "records", result["name"], row["run_id"])
-        record = make_record(run_dir, experiment=result["name"], label=row["method"], repeat=row.get("repeat", 0),
-                             command=result["command"], commit=keep_commit(path, fresh, run_dir),
-                             extra={"order": row.get("repeat", 0) * 1000 + labels.index(row["method"]),
-                                    **((extra or {}).get(row["method"]) or {})})
-        written.append(write_record(path, record))
-    return written
+    path = record_path(out / "records", name, run_dir.name)
+    record = make_record(run_dir, experiment=name, label=label, repeat=repeat, command=command,
+                         commit=keep_commit(path, commit(), run_dir), extra={"order": order, **(extra or {})})
+    return write_record(path, record)
 
 
 def run_sweep_into(name: str, scenario: Path, grid: list[str], overrides: list[str], out: Path, backend: str, say,
@@ -187,15 +191,17 @@ def run_failure(run_dir: Path) -> str | None:
 
 def comparison_failures(result: dict, label: str) -> list[str]:
     """``label: method (run id): why`` for each run of a :func:`run_comparison` that did not complete
-    (from its row where the result was read from records)."""
-    directory = Path(result["directory"])
+    (from its row where the run was read from its record)."""
     return [f"{label}: {row['method']} ({row['run_id']}): {why}" for row in result["table"]["methods"]
-            if (why := (row_failure(row) if result.get("from_records") else run_failure(directory / row["run_id"])))]
+            if (why := row_failure(Path(result["directory"]), row))]
 
 
-def row_failure(row: dict) -> str | None:
-    """Why a comparison's row did not complete, from the row alone (None when it did)."""
-    return None if row.get("status") == "completed" else f"{row.get('status')}: from its record"
+def row_failure(directory: Path, row: dict) -> str | None:
+    """Why a comparison's run did not complete: from its directory, else from its row (a run read
+    from its record); None when it did."""
+    if (directory / row["run_id"]).exists() or "status" not in row:
+        return run_failure(directory / row["run_id"])
+    return None if row["status"] == "completed" else f"{row['status']}: as its record says"
 
 
 def sweep_failures(collection, name: str) -> dict[int, list[str]]:

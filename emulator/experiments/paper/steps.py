@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis.outcomes import trained
-from emulator.experiments.paper.runner import run_failure
+from emulator.experiments.paper.runner import row_failure
 from emulator.experiments.records import experiment_records
 
 
@@ -99,7 +99,7 @@ def best_alphas(profile, out) -> dict[str, float]:
 
 
 def choices(profile, rows: list[dict], directory: Path) -> dict[str, Choice]:
-    return choose(rows, profile.step_grids(), failed=lambda row: run_failure(directory / row["run_id"]) is not None)
+    return choose(rows, profile.step_grids(), failed=lambda row: row_failure(directory, row) is not None)
 
 
 def score_cell(score: dict) -> str:
