@@ -168,8 +168,9 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
     run that completed with the same plan and reruns the others (an unfinished attempt is moved
     to ``.attempts/``). A run that fails is a row with its status; Ctrl-C stops after the current
     run's teardown, writes the report for the runs done, and raises ``KeyboardInterrupt``.
-    ``known``: rows recorded before elsewhere (run id -> a completed row with its ``plan_digest``),
-    taken instead of running where the plan is the same and the run is not in the directory;
+    ``known``: rows recorded before elsewhere, by the digest of their run's plan (which names the
+    scenario, overrides, method and seed, not the run's place in the list), taken instead of
+    running a run of the same plan that is not in the directory;
     ``after_run(run, run_dir)``: called as each run made here ends with a summary (a record of it).
     """
     specs = _parse_all(methods, overrides)
@@ -191,9 +192,8 @@ def compare(scenario_path, methods: list[str], out_root, *, backend: str = "loca
         + (f"seed {seed}" if repeat == 1 else f"{repeat} paired repetitions, seeds {', '.join(map(str, seeds))}")
         + f", backend {backend_cls.name}): {out}")
     options = {"backend": backend_cls.name, "text": text, "check_fidelity": check_fidelity, "strict": strict, "tolerance": tolerance}
-    recorded = {run.run_id: dict(known[run.run_id]) for run in planned if known and run.run_id in known
-                and known[run.run_id].get("plan_digest") == run.plan_digest and known[run.run_id].get("status") == "completed"
-                and completed_summary(out / run.run_id) is None}
+    recorded = {run.run_id: {**known[run.plan_digest], "run_id": run.run_id} for run in planned
+                if known and known.get(run.plan_digest, {}).get("status") == "completed" and completed_summary(out / run.run_id) is None}
     if recorded:
         say(f"{len(recorded)} run(s) read from their records, not run again")
     jobs = jobs or max(1, math.floor((os.cpu_count() or 1) / max(max(sum(d.cpus for d in r.plan.devices) for r in planned), 1e-9) + 1e-9))

@@ -318,8 +318,8 @@ def test_known_rows_are_taken_instead_of_running_and_each_run_is_reported_as_it_
     compare(TINY_SCENARIO, ["asgd", "adacomp"], tmp_path, repeat=2, directory=tmp_path / "a", say=lambda _: None,
             after_run=lambda run, run_dir: ended.append((run, run_dir)))
     assert [run.run_id for run, _ in ended] == ["01-asgd-r0", "02-adacomp-r0", "01-asgd-r1", "02-adacomp-r1"]
-    known = {run.run_id: {**summarize_run(run_dir, run.spec.label), "plan_digest": run.plan_digest} for run, run_dir in ended}
-    known["02-adacomp-r1"]["plan_digest"] = "another plan"  # recorded for another scenario: run again
+    known = {run.plan_digest: summarize_run(run_dir, run.spec.label) for run, run_dir in ended if run.run_id != "02-adacomp-r1"}
+    known["another plan"] = summarize_run(ended[-1][1], "adacomp")  # recorded for another scenario: not this run
     fake_emulation.ran = []
     directory = compare(TINY_SCENARIO, ["asgd", "adacomp"], tmp_path, repeat=2, directory=tmp_path / "b", say=lambda _: None,
                         known=known)

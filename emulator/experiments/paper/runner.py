@@ -43,8 +43,8 @@ def run_comparison(name: str, methods: list[str], overrides: list[str], repeat: 
     known, after = None, None
     if from_records:
         records = experiment_records(out / "records", name)
-        known = {r["run_id"]: {**row, "plan_digest": r.get("plan_digest"), "recorded_seconds": _seconds(r["summary"])}
-                 for r, row in zip(records, compare_rows(records))}
+        known = {r["plan_digest"]: {**row, "recorded_seconds": _seconds(r["summary"])}
+                 for r, row in zip(records, compare_rows(records)) if r.get("plan_digest")}
 
         def after(run, run_dir: Path) -> None:
             write_run_record(out, name, run_dir, run.spec.label, run.repeat, run.repeat * 1000, command)
@@ -53,7 +53,7 @@ def run_comparison(name: str, methods: list[str], overrides: list[str], repeat: 
             repeat=repeat, directory=directory, known=known, after_run=after)
     result = {"name": name, "directory": str(directory), "command": command, "repeat": repeat,
               "table": json.loads((directory / "compare.json").read_text())}
-    result["runs"] = run_counts(directory, [row["run_id"] for row in result["table"]["methods"]], before, known)
+    result["runs"] = run_counts(directory, result["table"]["methods"], before)
     write_comparison_records(result, out)
     return result
 
@@ -67,20 +67,20 @@ def _finished(directory: Path) -> set[str]:
     return {p.parent.name for p in Path(directory).glob("*/summary.json")}
 
 
-def run_counts(directory: Path, run_ids: list[str], before: set[str], known: dict[str, dict] | None = None) -> dict:
-    """How many runs an experiment holds, how many were reused from an earlier invocation (or from
-    their records, ``known``), and the run time of them all (boot and training, summed from their
-    summaries): what "wall time" of a resumed invocation does not say."""
+def run_counts(directory: Path, rows: list[dict], before: set[str]) -> dict:
+    """How many runs an experiment holds, how many were reused from an earlier invocation (or read
+    from their records: a row with ``recorded_seconds``), and the run time of them all (boot and
+    training, summed from their summaries): what "wall time" of a resumed invocation does not say."""
     seconds, reused = 0.0, 0
-    for run_id in run_ids:
-        path = Path(directory) / run_id / "summary.json"
+    for row in rows:
+        path = Path(directory) / row["run_id"] / "summary.json"
         if path.exists():
             seconds += _seconds(json.loads(path.read_text()))
-            reused += run_id in before
-        elif known and run_id in known:
-            seconds += known[run_id]["recorded_seconds"]
+            reused += row["run_id"] in before
+        elif row.get("recorded_seconds") is not None:
+            seconds += row["recorded_seconds"]
             reused += 1
-    return {"runs": len(run_ids), "reused": reused, "run_seconds": seconds}
+    return {"runs": len(rows), "reused": reused, "run_seconds": seconds}
 
 
 def commit() -> str | None:
@@ -152,7 +152,7 @@ def run_sweep_into(name: str, scenario: Path, grid: list[str], overrides: list[s
     result = {"name": name, "directory": str(directory), "command": command_line(command)}
     sweep_json = json.loads((directory / "sweep.json").read_text()) if (directory / "sweep.json").exists() else {}
     ids = [entry["run_id"] for point in sweep_json.get("points", []) for entry in point.get("runs", [])]
-    result["runs"] = run_counts(directory, ids, before)
+    result["runs"] = run_counts(directory, [{"run_id": run_id} for run_id in ids], before)
     write_sweep_records(result, out)
     return result
 
