@@ -361,14 +361,13 @@ def summarize_run(run_dir: Path, label: str) -> dict:
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {"status": "missing"}
     updates = read_jsonl(run_dir / "updates.jsonl")
-    sizes = [u["bytes"] for u in updates]
     return {
         "method": label, "run_id": run_dir.name, "status": summary.get("status"), "diverged": bool(summary.get("diverged")),
         "outcome": summary.get("outcome"),
         "compressor": summary.get("compressor"), "rule": summary.get("rule"),
         "final_accuracy": summary.get("final_accuracy"), "updates": summary.get("updates_applied", len(updates)),
         "ingress_payload_bytes": summary.get("ingress_payload_bytes"),
-        "bytes_per_update": float(np.mean(sizes)) if sizes else None,
+        "bytes_per_update": push_bytes(updates),
         "down_bytes_per_update": summary.get("down_bytes_per_update"),
         "two_way_bytes_per_update": summary.get("two_way_bytes_per_update"),
         **server_shares(summary),
@@ -378,6 +377,16 @@ def summarize_run(run_dir: Path, label: str) -> dict:
         "curve": (curve := accuracy_curve(updates, read_jsonl(run_dir / "accuracy.jsonl"), training_start(run_dir, summary))),
         "final_accuracy_last_k": last_k_accuracy(curve),
     }
+
+
+def push_bytes(updates: list[dict]) -> float | None:
+    """Mean bytes of one worker's update as the servers received it: with the model split over
+    several servers each receives its part, traced as a row of its own (``source``), so the parts'
+    means add up (one server: the mean of its rows)."""
+    parts: dict[str, list[int]] = {}
+    for u in updates:
+        parts.setdefault(u.get("source", "server"), []).append(u["bytes"])
+    return float(sum(np.mean(sizes) for sizes in parts.values())) if parts else None
 
 
 def training_start(run_dir: Path, summary: dict) -> float | None:

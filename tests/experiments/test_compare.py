@@ -524,3 +524,12 @@ def test_a_sharded_runs_report_has_a_row_per_server():
     rows = server_rows([{"name": "server-0", "updates": 300, "ingress_payload_bytes": 2048, "egress_payload_bytes": 4096,
                          "ingress_wire_bytes": 3072, "egress_wire_bytes": None}])
     assert rows == [("server-0", "300", "2.00 KiB", "4.00 KiB", "3.00 KiB", "-")]
+
+
+def test_a_sharded_runs_update_is_the_sum_of_its_parts_not_one_part():
+    """Two servers each trace their half of every push: an update is both halves (1,000 B, not 500)."""
+    from emulator.experiments.compare import push_bytes
+
+    rows = [{"bytes": 500, "source": f"server-{i % 2}"} for i in range(8)] + [{"bytes": 502, "source": "server-1"}]
+    assert push_bytes(rows) == pytest.approx(500 + (4 * 500 + 502) / 5)
+    assert push_bytes([{"bytes": 40}, {"bytes": 60}]) == 50.0 and push_bytes([]) is None

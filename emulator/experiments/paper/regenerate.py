@@ -46,7 +46,8 @@ def regenerate(records_dir: Path, out: Path, command: str) -> Path:
     groups: dict[str, list[dict]] = {}
     for record in records:
         groups.setdefault(record["experiment"], []).append(record)
-    names = sorted(groups, key=lambda n: (order.get(n.split("/")[0], len(order)), n))
+    # each comparison beside its experiment's (claim6-steps by claim6, servers-200mbit by servers)
+    names = sorted(groups, key=lambda n: (order.get(n.split("/")[0], order.get(n.split("-")[0], len(order))), n))
     styles = figures.Styles([r["label"] for name in names for r in groups[name] if r.get("label")])
     out.mkdir(parents=True, exist_ok=True)
     sections = [renderer(name, groups[name])(name, groups[name], out, styles) for name in names]
