@@ -257,6 +257,24 @@ def servers_cpu_s(stats: pd.DataFrame, names: Sequence[str] = ("server",)) -> di
     return out
 
 
+STEP_PHASES = ("compute_ms", "compress_ms", "network_ms", "compute_cpu_ms", "compress_cpu_ms")
+
+
+def step_phases(steps) -> dict[str, float]:
+    """A worker step's phases averaged over every step of every worker: gradient, compression and
+    the exchange (push sent to reply taken), wall milliseconds, and the gradient's and compression's
+    CPU milliseconds. ``steps``: the ``steps`` stream (a table, or its records), each row a
+    reporting interval's means over its ``steps``; {} without steps."""
+    rows = steps.to_dict("records") if isinstance(steps, pd.DataFrame) else list(steps or [])
+    out = {}
+    for key in STEP_PHASES:  # each over the intervals that report it (older traces lack the CPU columns)
+        known = [(r[key], r.get("steps") or 0) for r in rows if isinstance(r.get(key), (int, float)) and r[key] == r[key]]
+        total = sum(n for _, n in known)
+        if total:
+            out[key] = round(sum(v * n for v, n in known) / total, 3)
+    return out
+
+
 def server_cpu_per_update(stats: pd.DataFrame, updates: int | None) -> float | None:
     """Seconds of the (one) server's CPU per applied update over training (:func:`servers_cpu_s`);
     None without samples or updates."""
@@ -480,6 +498,6 @@ __all__ = [
     "COLUMNS", "STREAMS", "LOADERS", "Collection", "Run", "accuracy_with_ingress", "counter_rates", "faults",
     "ingress_per_second", "is_run_dir", "is_sweep_dir", "load_accuracy", "load_collection", "load_events",
     "load_net", "load_plan", "load_run", "load_stats", "load_steps", "load_stream", "load_summary",
-    "load_traffic", "load_updates", "server_cpu_per_update", "server_shares", "servers_cpu_s", "summary_row", "traffic_both_ways", "training_start_ts",
+    "load_traffic", "load_updates", "server_cpu_per_update", "server_shares", "servers_cpu_s", "step_phases", "summary_row", "traffic_both_ways", "training_start_ts",
     "worker_shares",
 ]

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.outcomes import mean_ci
+from analysis.runs import step_phases
 
 TARGETS = {"updates_per_s": 0.10, "steady_updates_per_s": 0.10, "up_bytes_per_update": 0.01, "down_bytes_per_update": 0.01, "staleness_ks": 0.10,
            "time_to_target": 0.15}
@@ -39,19 +40,11 @@ def update_rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "updates.jsonl").read_text().splitlines() if line.strip()]
 
 
-PHASES = ("compute_ms", "compress_ms", "network_ms", "compute_cpu_ms", "compress_cpu_ms")
-
-
 def phases(run: Path) -> dict:
-    """A worker step's phases, averaged over every step of every worker (``steps.jsonl``, each
-    record a reporting interval's means): where a rate gap comes from, gradient, compression or
-    the exchange (push sent to reply taken, the reply's reading included)."""
+    """A worker step's phases in one run (:func:`analysis.runs.step_phases`): where a rate gap comes
+    from, gradient, compression or the exchange (push sent to reply taken, the reply's reading included)."""
     path = run / "steps.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    steps = sum(r.get("steps", 0) for r in rows)
-    if not steps:
-        return {}
-    return {key: round(sum(r.get(key, 0) * r.get("steps", 0) for r in rows) / steps, 3) for key in PHASES}
+    return step_phases([json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else [])
 
 
 def staleness(rows: list[dict]) -> np.ndarray:

@@ -14,6 +14,7 @@ numbers need a few kilobytes of it. :func:`make_record` reduces one run director
   percentile and maximum, and for AdaComp sigma / d as a histogram in steps of
   :data:`SIGMA_STEP` with its median and the share of updates whose sigma is 0;
 - ``server_cpu_s``: CPU seconds each server process used during training (where sampled);
+- ``step_phases``: a worker step's gradient, compression and exchange, mean milliseconds (wall and CPU);
 - ``worker_updates``: updates applied per worker; ``plan``: the seed, method, training section,
   and each worker's CPU quota and links; ``provenance``: where it came from (experiment, label,
   repetition, grid values, the command, the commit that wrote the record).
@@ -93,7 +94,7 @@ def make_record(run_dir: Path, *, experiment: str, label: str, repeat: int = 0, 
                 extra: dict | None = None) -> dict:
     """The compact record of one run directory (see the module's docstring); ``extra`` adds
     measured facts the run directory does not hold (the authors'-format bytes of its push)."""
-    from analysis.runs import load_run, servers_cpu_s, traffic_both_ways, worker_shares
+    from analysis.runs import load_run, servers_cpu_s, step_phases, traffic_both_ways, worker_shares
     from emulator.experiments.compare import summarize_run
 
     run_dir = Path(run_dir)
@@ -131,6 +132,7 @@ def make_record(run_dir: Path, *, experiment: str, label: str, repeat: int = 0, 
         "staleness": staleness_record(run.updates) if len(run.updates) else {},
         "fidelity": fidelity_record(run_dir),
         "server_cpu_s": servers_cpu_s(run.stats, [s["name"] for s in run.summary.get("servers") or [{"name": "server"}]]),
+        "step_phases": step_phases(run.steps),
         "worker_updates": {} if counts is None else {str(int(k)): int(round(v)) for k, v in counts.items()},
         "plan": {"seed": plan.get("seed"), "method": plan.get("method"), "training": plan.get("training"),
                  "dataset": plan.get("dataset"),

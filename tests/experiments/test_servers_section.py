@@ -16,7 +16,8 @@ def _record(label: str, seed: int, rate: float, shards: int, cpu_each: float | N
     return {"label": label, "seed": seed, "row": {"status": status},
             "summary": {"updates_per_s": rate, "duration_s": duration, "updates_applied": updates, "ingress_payload_bytes": ingress,
                         "compressor": "adacomp" if label.startswith("adacomp") else "none", **({"servers": servers} if servers else {})},
-            "server_cpu_s": {} if cpu_each is None else {n: cpu_each for n in names}}
+            "server_cpu_s": {} if cpu_each is None else {n: cpu_each for n in names},
+            "step_phases": {"compute_ms": 200.0, "compress_ms": 30.0, "network_ms": 600.0 / shards}}
 
 
 def _records(rates: dict[tuple[str, int], list[float]]) -> list[dict]:
@@ -34,6 +35,7 @@ def test_the_verdict_names_the_fewest_servers_that_beat_adacomp_and_what_they_co
     assert "| 4 |" in row and "0.40 ± 0.00 (3)" in row and "3.05 ±" in row
     assert "0.020 ± 0.000 (3)" in row  # all four links: 4 MB over 200 s; the busiest 0.005
     assert "0.005 ± 0.000 (3)" in row
+    assert row.endswith("| 200 / 30 / 150 |")  # a worker's step: gradient / compression / exchange
 
 
 def test_overlapping_rates_are_cant_tell_and_unsampled_cpu_is_not_invented():

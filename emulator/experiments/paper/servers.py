@@ -27,6 +27,10 @@ def _cell(values: list[float], spec: str) -> str:
     return format(mean, spec) + ("" if math.isnan(half) else f" ± {half:{spec}}") + f" ({n})"
 
 
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def _per_run(record: dict) -> dict:
     """One completed run's rates: updates/s, ingress per second on the busiest server link and on all
     of them (payload), the servers' CPU (cores during training, and per update)."""
@@ -37,9 +41,11 @@ def _per_run(record: dict) -> dict:
     cpu = record.get("server_cpu_s") or {}
     used = sum(cpu.values()) if len(cpu) == len(servers) else None  # every server sampled, or not told
     updates = s.get("updates_applied") or 0
+    phases = record.get("step_phases") or {}
     return {"rate": s.get("updates_per_s"), "busiest": max(ingress) / duration / 1e6, "all": sum(ingress) / duration / 1e6,
             "cores": None if used is None else used / duration,
-            "cpu_ms": None if used is None or not updates else 1000 * used / updates}
+            "cpu_ms": None if used is None or not updates else 1000 * used / updates,
+            **{key: phases.get(f"{key}_ms") for key in ("compute", "compress", "network")}}
 
 
 def servers_table(records: list[dict]) -> list[str]:
@@ -49,14 +55,18 @@ def servers_table(records: list[dict]) -> list[str]:
     lines = ["Per method and number of server processes, over its completed runs (mean ± 95 % Student-t half-width, "
              "n): server updates per second; payload the servers received per second of training, on the busiest "
              "server's link and on all of them; the server processes' CPU during training (cores, all servers; and "
-             "milliseconds per update), from the containers' CPU counters.", "",
+             "milliseconds per update), from the containers' CPU counters; and a worker's step, wall milliseconds of "
+             "its gradient, its compression and its exchange (push sent to the reply taken), averaged over every step.", "",
              "| method | servers | updates/s | busiest server link in (MB/s) | all server links in (MB/s) | "
-             "server CPU (cores) | server CPU / update (ms) |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "server CPU (cores) | server CPU / update (ms) | worker step: gradient / compression / exchange (ms) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for label in labels:
         runs = [_per_run(r) for r in done if r["label"] == label]
         servers = {_servers(r) for r in records if r["label"] == label}
         cells = [_cell([x[k] for x in runs if x[k] is not None], spec)
                  for k, spec in (("rate", ",.1f"), ("busiest", ".3f"), ("all", ".3f"), ("cores", ".2f"), ("cpu_ms", ".2f"))]
+        step = [_mean([x[k] for x in runs if x[k] is not None]) for k in ("compute", "compress", "network")]
+        cells.append(" / ".join("-" if v is None else f"{v:,.0f}" for v in step))
         lines.append(f"| `{label}` | {'/'.join(str(n) for n in sorted(servers))} | " + " | ".join(cells) + " |")
     return lines + ["", *_verdict(done)]
 
@@ -88,8 +98,8 @@ def _verdict(done: list[dict]) -> list[str]:
     if enough is None:
         most = max((t["servers"] for t in tests), default=0)
         answer = (f"dense ASGD with up to {most} servers updated the model more slowly than AdaComp on one (every "
-                  "configuration slower at the family's level): matching it needs more servers than that, each a link and a "
-                  "CPU quota of its own.")
+                  f"configuration slower at the family's level): no number of servers up to {most} matched it; whether more "
+                  "would, these runs do not say (where each added server bought, the table above shows).")
     elif enough["verdict"] == "A better":
         answer = (f"dense ASGD updated the model faster than AdaComp on one with {enough['servers']} servers "
                   f"(`{enough['label']}`), and more slowly with any fewer: {enough['servers']} server links and CPU quotas "
