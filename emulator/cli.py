@@ -286,14 +286,21 @@ def _print_summary(summary: dict, path) -> None:
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
               help="The calibration file to add to (default: $EDGE_EMULATOR_CALIBRATION or the cache's calibration.json).")
 @click.option("--repeat", type=click.IntRange(5, 10_000), default=30, show_default=True, help="Measurements per quantity.")
-def calibrate(scenario_file, overrides, out_file, repeat):
+@click.option("--from-run", "from_run", type=click.Path(exists=True, file_okay=False), default=None,
+              help="A Docker run of this scenario: also take a worker's CPU per step beyond the measured parts from its "
+                   "containers' CPU counters.")
+def calibrate(scenario_file, overrides, out_file, repeat, from_run):
     """Measure on this machine what the virtual backend's clock needs for a scenario: CPU seconds of a
     gradient (model, batch), a compression, a server update and reply; with where and how measured."""
     from emulator.control.simulation import calibrate as measure
 
     _, _, resolved = _load(scenario_file, overrides)
-    command = "emulate calibrate " + " ".join([scenario_file, *(f"--set {o}" for o in overrides), f"--repeat {repeat}"])
-    path, entries = measure(resolved, out_file, repeat, command)
+    command = "emulate calibrate " + " ".join([scenario_file, *(f"--set {o}" for o in overrides), f"--repeat {repeat}",
+                                               *([f"--from-run {from_run}"] if from_run else [])])
+    try:
+        path, entries = measure(resolved, out_file, repeat, command, from_run=from_run)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--from-run") from None
     for key, entry in entries.items():
         click.echo(f"{entry['cpu_s'] * 1000:9.3f} ms CPU (p10 {entry['p10_s'] * 1000:.3f}, p90 {entry['p90_s'] * 1000:.3f}, "
                    f"{entry['samples']} samples)  {key}")

@@ -127,9 +127,14 @@ class Simulation(controller.Emulation):
         entries = used["entries"]
         server = entries[keys.server]
         step, compress = entries[keys.step], entries[keys.compress]
+        loop = entries.get(keys.loop)
+        if loop is None:
+            self.say("calibration: no container measurement of the worker loop for this model and method: each step "
+                     "charges its gradient, compression and reply only (emulate calibrate SCENARIO --from-run DOCKER_RUN)")
         return Costs(step_s=step["cpu_s"], compress_s=compress["cpu_s"], serve_s=server["cpu_s"],
                      pull_s=server["pull_cpu_s"], receive_s_per_byte=server["receive_cpu_s_per_byte"],
-                     step_spread=spread(step["p10_s"], step["p90_s"]), compress_spread=spread(compress["p10_s"], compress["p90_s"]))
+                     step_spread=spread(step["p10_s"], step["p90_s"]), compress_spread=spread(compress["p10_s"], compress["p90_s"]),
+                     loop_s=max(0.0, loop["cpu_s"]) if loop else 0.0)
 
     def _simulate(self) -> str:
         plan = self.plan
@@ -249,10 +254,12 @@ class Simulation(controller.Emulation):
         return out
 
 
-def calibrate(plan, out: str | Path | None = None, repeat: int = 30, command: str = "emulate calibrate") -> tuple[Path, dict]:
+def calibrate(plan, out: str | Path | None = None, repeat: int = 30, command: str = "emulate calibrate",
+              from_run: str | Path | None = None) -> tuple[Path, dict]:
     """Measure, on this machine, the CPU seconds the virtual clock needs for ``plan`` (its model and
     batch, compressor, rule and pull mode) and store them, replacing older entries of the same keys;
-    returns the file and the entries. ``emulate calibrate`` calls this."""
+    returns the file and the entries. ``emulate calibrate`` calls this. ``from_run``: a container
+    run of the scenario, from which the worker loop's CPU is taken as well (:func:`calibration.loop_from_run`)."""
     from compression import compiled
 
     compiled.enable()
@@ -264,6 +271,8 @@ def calibrate(plan, out: str | Path | None = None, repeat: int = 30, command: st
     keys = calibration.keys_of(plan, shards.input_shape, shards.classes)
     store = calibration.Store(out or calibration_path())
     entries = calibration.measure(plan, layout, model, x, y, keys, repeat=repeat, command=command)
+    if from_run is not None:
+        entries.update(calibration.loop_from_run(Path(from_run), entries, keys))
     store.add(entries)
     return store.path, entries
 

@@ -253,6 +253,39 @@ def test_a_calibration_measured_before_the_receive_cost_existed_is_measured_agai
     assert store.missing(keys) == []
 
 
+def test_the_worker_loop_is_calibrated_from_the_containers_cpu_counters_and_recorded_when_used(tmp_path):
+    """A Docker run's workers used 8.5 ms of CPU a step where gradient, compression and reply take 6.5:
+    the loop's 2 ms is what the virtual worker charges beside them."""
+    import json
+
+    from emulator.backends.virtual import calibration
+
+    keys = calibration.Keys("step|m|batch=10", "compress|a", "server|a")
+    entries = {keys.step: {"cpu_s": 5e-3}, keys.compress: {"cpu_s": 0.5e-3},
+               keys.server: {"cpu_s": 1e-3, "pull_cpu_s": 1e-4, "receive_cpu_s_per_byte": 1e-8}}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"backend": "docker", "training_started_ts": 100.0, "seed": 1}))
+    steps, stats = [], []
+    for i, name in enumerate(("worker-0", "worker-1", "worker-2")):
+        loop = (1.5e-3, 2e-3, 2.5e-3)[i]
+        for second in range(10):  # 10 steps a second, each pulling 100 kB: 1 ms of reading at 1e-8 s a byte
+            steps.append({"ts": 100.0 + second + 1, "source": name, "steps": 10, "pull_bytes": 1_000_000})
+        stats += [{"ts": 100.0 + t, "device": name, "cpu_s": 3.0 + t * 10 * (6.5e-3 + loop)} for t in (0.5, 10.5)]
+        stats.append({"ts": 90.0, "device": name, "cpu_s": 0.1})  # before training: not counted
+    (run / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    (run / "stats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stats))
+    (loop,) = calibration.loop_from_run(run, entries, keys).values()
+    assert loop["cpu_s"] == pytest.approx(2e-3) and loop["samples"] == 3
+    assert loop["provenance"]["workers"]["worker-0"]["cpu_per_step_s"] == pytest.approx(8e-3)
+    store = calibration.Store(tmp_path / "c.json")
+    store.add({**entries, keys.loop: loop})
+    assert keys.loop in store.used(keys)["entries"] and store.missing(keys) == []  # optional: never measured at first use
+    (run / "summary.json").write_text(json.dumps({"backend": "local", "training_started_ts": 100.0}))
+    with pytest.raises(ValueError, match="docker"):
+        calibration.loop_from_run(run, entries, keys)
+
+
 def test_the_server_links_delay_is_on_every_round_trip(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGE_EMULATOR_CALIBRATION", str(tmp_path / "calibration.json"))
     path = tmp_path / "s.yaml"
@@ -265,3 +298,23 @@ def test_the_server_links_delay_is_on_every_round_trip(tmp_path, monkeypatch):
         times[delay] = summary["duration_s"]
     # 160 updates by 3 workers: about 53 round trips each, 100 ms more apiece
     assert times["50ms"] - times["0ms"] > 0.8 * 160 / 3 * 0.1
+
+
+def test_a_calibrated_worker_loop_is_charged_on_every_step_and_recorded(tmp_path, monkeypatch):
+    import json
+
+    from emulator.backends.virtual import calibration
+
+    store_path = tmp_path / "calibration.json"
+    monkeypatch.setenv("EDGE_EMULATOR_CALIBRATION", str(store_path))
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO.split("faults:")[0])
+    plain, _ = run_scenario(path, tmp_path / "plain", backend="virtual")
+    used = json.loads((tmp_path / "plain" / plain["run_id"] / "calibration.json").read_text())["entries"]
+    keys = calibration.Keys(*(next(k for k in used if k.startswith(kind)) for kind in ("step|", "compress|", "server|")))
+    store = calibration.Store(store_path)
+    store.add({keys.loop: {"cpu_s": 0.02, "p10_s": 0.02, "p90_s": 0.02, "samples": 3}})
+    looped, _ = run_scenario(path, tmp_path / "looped", backend="virtual")
+    assert keys.loop in json.loads((tmp_path / "looped" / looped["run_id"] / "calibration.json").read_text())["entries"]
+    # 20 ms more CPU a step under quotas of 0.1-0.4 core: each of about 53 steps a worker 50-200 ms longer
+    assert looped["duration_s"] > plain["duration_s"] + 53 * 0.05 * 0.8

@@ -65,6 +65,7 @@ class Costs:
     receive_s_per_byte: float = 0.0  # a worker's CPU to read a reply and apply it to its copy, per byte of the frame
     step_spread: float = 0.0  # sigma of log(step CPU): each step draws its CPU around the median (0: every step the median)
     compress_spread: float = 0.0
+    loop_s: float = 0.0  # a worker's CPU per step beyond those parts, measured in containers (0: no such calibration)
 
     def draw(self, rng: np.random.Generator) -> tuple[float, float]:
         """One step's gradient and compression CPU seconds: lognormal around the calibrated medians,
@@ -522,6 +523,8 @@ class Simulator:
         computed = w.cpu.finish(now, step_s)
         compressed = w.cpu.finish(computed, compress_s)
         w.step_wall = (computed - now, compressed - computed, step_s, compress_s)
+        if self.costs.loop_s > 0:  # the loop's own CPU (framing, sockets, telemetry) before the push leaves
+            compressed = w.cpu.finish(compressed, self.costs.loop_s)
         w.stats.loss += loss
         w.stats.non_finite += bool(flags & Flag.NON_FINITE)
         w.phase = "compute"
