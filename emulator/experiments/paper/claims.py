@@ -159,7 +159,7 @@ def equal_step_experiment(profile: Profile, out: Path, backend: str, dataset: st
 MINUTES_PER_RUN = {"bytes": 0.0, "alphas": 92 / 27, "methods": 92 / 27, "claim6": 21 / 16, "c191": 92 / 27,
                    "equal_step": 92 / 27, "staleness": 23 / 18, "ingress": 31 / 18, "heterogeneity": 22 / 9,
                    "crash": 22 / 9, "availability": 24 / 9, "two_way": 7777 / 48 / 60, "two_way_time": 1661 / 6 / 60,
-                   "servers": 6.0, "federated": 6.0}  # servers, federated: not measured yet; 240 s of training and about 2 min of boot and teardown
+                   "servers": 61 / 12, "federated": 61 / 12}  # servers: 61 min for 12 runs of 240 s (2026-12-06); federated: the same shape
 
 
 def budget(profile: Profile, dataset: str = "fashion-mnist") -> list[tuple[str, int, float]]:
