@@ -134,7 +134,7 @@ class Simulation(controller.Emulation):
         return Costs(step_s=step["cpu_s"], compress_s=compress["cpu_s"], serve_s=server["cpu_s"],
                      pull_s=server["pull_cpu_s"], receive_s_per_byte=server["receive_cpu_s_per_byte"],
                      step_spread=spread(step["p10_s"], step["p90_s"]), compress_spread=spread(compress["p10_s"], compress["p90_s"]),
-                     loop_s=max(0.0, loop["cpu_s"]) if loop else 0.0)
+                     loop_s=calibration.loop_cpu_s(loop, entries, keys) if loop else 0.0)
 
     def _simulate(self) -> str:
         plan = self.plan

@@ -278,6 +278,8 @@ def test_the_worker_loop_is_calibrated_from_the_containers_cpu_counters_and_reco
     (loop,) = calibration.loop_from_run(run, entries, keys).values()
     assert loop["cpu_s"] == pytest.approx(2e-3) and loop["samples"] == 3
     assert loop["provenance"]["workers"]["worker-0"]["cpu_per_step_s"] == pytest.approx(8e-3)
+    faster = {**entries, keys.step: {"cpu_s": 4e-3}}  # the gradient measured again, 1 ms less: the loop keeps the total
+    assert calibration.loop_cpu_s(loop, faster, keys) == pytest.approx(3e-3)
     store = calibration.Store(tmp_path / "c.json")
     store.add({**entries, keys.loop: loop})
     assert keys.loop in store.used(keys)["entries"] and store.missing(keys) == []  # optional: never measured at first use

@@ -248,7 +248,7 @@ def loop_from_run(run_dir: Path, entries: dict, keys: Keys) -> dict:
             continue
         used = float(cpu["cpu_s"].iloc[-1] - cpu["cpu_s"].iloc[0])
         per_step = used / done
-        workers[name] = {"cpu_per_step_s": round(per_step, 6), "steps": done,
+        workers[name] = {"cpu_per_step_s": round(per_step, 6), "steps": done, "pull_bytes_per_step": round(pulled / done, 1),
                          "loop_s": round(per_step - step - compress - per_byte * pulled / done, 6)}
     if not workers:
         raise ValueError(f"{run_dir}: no worker with 20 steps and two CPU samples during training")
@@ -260,6 +260,19 @@ def loop_from_run(run_dir: Path, entries: dict, keys: Keys) -> dict:
     return {keys.loop: {**_stats(loops), "what": "a worker's CPU per step beyond gradient, compression and reading the reply, "
                         "in containers (cgroup CPU over steps, in-process parts subtracted), CPU seconds",
                         "provenance": origin}}
+
+
+def loop_cpu_s(loop: dict, entries: dict, keys: Keys) -> float:
+    """The loop's CPU per step against the in-process entries in use now (a later ``emulate
+    calibrate`` may have measured the gradient again): the median over the container run's workers
+    of their CPU per step less this calibration's parts; the stored median where no worker is kept."""
+    workers = (loop.get("provenance") or {}).get("workers") or {}
+    if not workers:
+        return max(0.0, loop["cpu_s"])
+    step, compress = (entries[k]["cpu_s"] for k in (keys.step, keys.compress))
+    per_byte = entries[keys.server]["receive_cpu_s_per_byte"]
+    rest = [w["cpu_per_step_s"] - step - compress - per_byte * w.get("pull_bytes_per_step", 0.0) for w in workers.values()]
+    return max(0.0, statistics.median(rest))
 
 
 class Store:
@@ -298,4 +311,4 @@ class Store:
         return {**data, "digest": digest}
 
 
-__all__ = ["Keys", "Store", "keys_of", "loop_from_run", "measure", "method_config", "model_constants", "provenance", "server_config"]
+__all__ = ["Keys", "Store", "keys_of", "loop_cpu_s", "loop_from_run", "measure", "method_config", "model_constants", "provenance", "server_config"]
