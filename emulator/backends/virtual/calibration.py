@@ -225,54 +225,47 @@ def measure_receive(server, layout, method, messages) -> dict:
 
 
 def loop_from_run(run_dir: Path, entries: dict, keys: Keys) -> dict:
-    """A worker's CPU per step beyond its gradient, compression and the reading of its replies, from a
-    container run of the scenario (Docker or Swarm: each device's cgroup CPU counter during training,
-    over its steps), with the in-process entries of ``keys`` subtracted. What it holds: the worker's
-    loop, framing and socket calls, its telemetry, and what the parts cost more inside a busy
-    container than in a tight loop (a run's compression measured 1.4 ms in containers against 0.5 ms
-    in process). The median over the run's workers, with their spread; each worker's figures kept."""
+    """A worker's CPU per step as the containers of a run of the scenario measured it (Docker or
+    Swarm): each device's cgroup CPU counter during training over its steps, and, from the worker's
+    own step records, its gradient's and its compression's CPU inside the container. The rest, less
+    the reading of its replies (``entries``' per-byte cost), is the loop's own: framing, socket
+    calls, telemetry. A virtual run that finds this entry charges the containers' gradient and
+    compression and this rest (medians over the run's workers), not the in-process measurements,
+    which move by 30 % or more between sittings on a shared machine (a gradient measured 5.0, then
+    7.8 ms within minutes) and leave the loop out; each worker's figures are kept."""
     from analysis.runs import load_run
 
     run = load_run(run_dir)
     backend = run.summary.get("backend")
     if backend not in ("docker", "swarm"):
         raise ValueError(f"{run_dir}: a {backend} run has no containers' CPU counters (run the scenario on docker)")
-    step, compress = (entries[k]["cpu_s"] for k in (keys.step, keys.compress))
     per_byte = entries[keys.server]["receive_cpu_s_per_byte"]
     workers = {}
     stats, steps = run.stats, run.steps
     for name, rows in steps.groupby("source"):
-        done, pulled = int(rows["steps"].sum()), float(rows["pull_bytes"].sum()) if "pull_bytes" in rows else 0.0
+        done = int(rows["steps"].sum())
         cpu = stats[(stats["device"] == name) & (stats["time_s"] >= 0)].dropna(subset=["cpu_s"]).sort_values("time_s")
         if done < 20 or len(cpu) < 2:
             continue
-        used = float(cpu["cpu_s"].iloc[-1] - cpu["cpu_s"].iloc[0])
-        per_step = used / done
-        workers[name] = {"cpu_per_step_s": round(per_step, 6), "steps": done, "pull_bytes_per_step": round(pulled / done, 1),
-                         "loop_s": round(per_step - step - compress - per_byte * pulled / done, 6)}
+        mean = lambda column: float((rows[column].fillna(0) * rows["steps"]).sum() / done) / 1000 if column in rows else 0.0  # noqa: E731
+        per_step = float(cpu["cpu_s"].iloc[-1] - cpu["cpu_s"].iloc[0]) / done
+        pulled = float(rows["pull_bytes"].fillna(0).sum()) / done if "pull_bytes" in rows else 0.0
+        gradient, compress = mean("compute_cpu_ms"), mean("compress_cpu_ms")
+        workers[name] = {"cpu_per_step_s": round(per_step, 6), "steps": done, "pull_bytes_per_step": round(pulled, 1),
+                         "gradient_s": round(gradient, 6), "compress_s": round(compress, 6),
+                         "loop_s": round(per_step - gradient - compress - per_byte * pulled, 6)}
     if not workers:
         raise ValueError(f"{run_dir}: no worker with 20 steps and two CPU samples during training")
-    loops = [w["loop_s"] for w in workers.values()]
     summary = run.summary
     origin = {**provenance(f"emulate calibrate --from-run {run_dir}"), "run": str(run_dir), "run_backend": backend,
               "run_plan_digest": summary.get("plan_digest"), "run_seed": summary.get("seed"), "workers": workers,
-              "subtracted": {"step_s": step, "compress_s": compress, "receive_s_per_byte": per_byte}}
-    return {keys.loop: {**_stats(loops), "what": "a worker's CPU per step beyond gradient, compression and reading the reply, "
-                        "in containers (cgroup CPU over steps, in-process parts subtracted), CPU seconds",
+              "receive_s_per_byte": per_byte}
+    median = lambda key: statistics.median(w[key] for w in workers.values())  # noqa: E731
+    return {keys.loop: {**_stats([w["loop_s"] for w in workers.values()]), "step_cpu_s": median("gradient_s"),
+                        "compress_cpu_s": median("compress_s"),
+                        "what": "in containers: a worker's gradient and compression CPU (its step records) and the rest of "
+                                "its CPU per step beyond reading the reply (cgroup CPU over steps), CPU seconds",
                         "provenance": origin}}
-
-
-def loop_cpu_s(loop: dict, entries: dict, keys: Keys) -> float:
-    """The loop's CPU per step against the in-process entries in use now (a later ``emulate
-    calibrate`` may have measured the gradient again): the median over the container run's workers
-    of their CPU per step less this calibration's parts; the stored median where no worker is kept."""
-    workers = (loop.get("provenance") or {}).get("workers") or {}
-    if not workers:
-        return max(0.0, loop["cpu_s"])
-    step, compress = (entries[k]["cpu_s"] for k in (keys.step, keys.compress))
-    per_byte = entries[keys.server]["receive_cpu_s_per_byte"]
-    rest = [w["cpu_per_step_s"] - step - compress - per_byte * w.get("pull_bytes_per_step", 0.0) for w in workers.values()]
-    return max(0.0, statistics.median(rest))
 
 
 class Store:
@@ -311,4 +304,4 @@ class Store:
         return {**data, "digest": digest}
 
 
-__all__ = ["Keys", "Store", "keys_of", "loop_cpu_s", "loop_from_run", "measure", "method_config", "model_constants", "provenance", "server_config"]
+__all__ = ["Keys", "Store", "keys_of", "loop_from_run", "measure", "method_config", "model_constants", "provenance", "server_config"]
