@@ -136,15 +136,43 @@ def verdicts(pairs: list[dict]) -> dict:
     return out
 
 
+TABLE_KEYS = ("updates_per_s", "steady_updates_per_s", "down_bytes_per_update", "staleness_ks", "time_to_target")
+
+
+def table(folder: Path, labels: list[str]) -> list[str]:
+    """The validation page's table, from the committed ``validation-<label>.json`` files: per target,
+    each pair's value (relative error in %, or the KS distance) and a check mark where all pairs meet it."""
+    lines = ["| scenario | updates/s (%) | steady updates/s (%) | down bytes / update (%) | staleness KS | time to target (%) | "
+             "accuracy at equal time: virtual mean in Docker's interval |", "|---|---|---|---|---|---|---|"]
+    for label in labels:
+        verdicts_ = json.loads((Path(folder) / f"validation-{label}.json").read_text())["verdicts"]
+        cells = []
+        for key in TABLE_KEYS:
+            fmt = (lambda x: f"{x:.2f}") if key == "staleness_ks" else (lambda x: f"{100 * x:+.1f}")
+            values = ", ".join("-" if x is None else fmt(x) for x in verdicts_[key]["values"])
+            cells.append(values + (" **met**" if verdicts_[key]["met"] else ""))
+        accuracy = verdicts_.get("accuracy_at_equal_time")
+        cells.append("-" if not accuracy else f"{accuracy['virtual_mean']:.3f} in {accuracy['docker_interval'][0]:.3f}-"
+                     f"{accuracy['docker_interval'][1]:.3f}" + (" **met**" if accuracy["met"] else ""))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("scenario")
+    ap.add_argument("scenario", nargs="?", help="the scenario file (not with --table)")
+    ap.add_argument("--table", nargs="+", metavar="LABEL", help="run nothing: print the table of these committed results")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="a scenario override, as emulate run --set")
     ap.add_argument("--label", help="the result's name (default: the scenario file's stem)")
     ap.add_argument("--out", default="runs/virtual-validation", help="folder for the runs and validation-<label>.json")
     ap.add_argument("--runs", help="reuse the runs under this folder where a pair is already there")
     args = ap.parse_args()
+    if args.table:
+        print("\n".join(table(Path(args.out), args.table)))
+        return
+    if not args.scenario:
+        ap.error("a scenario file, or --table")
     from emulator.control.run import run_scenario
 
     label = args.label or Path(args.scenario).stem

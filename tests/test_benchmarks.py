@@ -181,3 +181,13 @@ def test_the_steady_rate_leaves_out_a_runs_start_and_end(tmp_path):
     times = [i * 1.0 for i in range(5)] + [5 + 0.1 * i for i in range(95)]
     rows = [{"ts": t, "staleness": 1} for t in times]
     assert steady_rate(rows) == pytest.approx(10.0)  # 100 updates in 14.4 s overall (7 a second), 10 a second after the start
+
+
+def test_the_validation_pages_table_is_printed_from_the_committed_results():
+    """docs/VIRTUAL_TIME.md's table of every validation scenario is what --table prints from the committed JSON."""
+    from benchmarks.virtual_validation import table
+
+    labels = [f"{name}{suffix}" for name in ("quickstart-eval-25", "symmetric-8-delta-2000", "uneven-cpu-16", "crash-8",
+                                              "availability-6", "devices-64") for suffix in ("", "-loop")]
+    lines = table(ROOT / "docs" / "performance" / "virtual-validation", labels)
+    assert "\n".join(lines) in (ROOT / "docs" / "VIRTUAL_TIME.md").read_text()
