@@ -275,6 +275,28 @@ def step_phases(steps) -> dict[str, float]:
     return out
 
 
+def container_usage(run_dir) -> tuple[dict, dict]:
+    """What a container run says of each worker's CPU: ``(run, workers)``, ``run`` its backend, path,
+    plan digest and seed; per worker with two CPU samples during training, its cgroup CPU seconds
+    then, its steps, the bytes it pulled, and the gradient's and compression's CPU (ms, weighted by
+    steps) from its step records. The virtual backend's container calibration reads it."""
+    run = load_run(run_dir)
+    summary = run.summary
+    info = {"run": str(run_dir), "backend": summary.get("backend"), "plan_digest": summary.get("plan_digest"),
+            "seed": summary.get("seed")}
+    stats, workers = run.stats, {}
+    for name, rows in run.steps.groupby("source"):
+        done = int(rows["steps"].sum())
+        cpu = stats[(stats["device"] == name) & (stats["time_s"] >= 0)].dropna(subset=["cpu_s"]).sort_values("time_s")
+        if not done or len(cpu) < 2:
+            continue
+        mean = lambda column: float((rows[column].fillna(0) * rows["steps"]).sum() / done) if column in rows else 0.0  # noqa: E731
+        workers[name] = {"cpu_s": float(cpu["cpu_s"].iloc[-1] - cpu["cpu_s"].iloc[0]), "steps": done,
+                         "pull_bytes": float(rows["pull_bytes"].fillna(0).sum()) if "pull_bytes" in rows else 0.0,
+                         "compute_cpu_ms": mean("compute_cpu_ms"), "compress_cpu_ms": mean("compress_cpu_ms")}
+    return info, workers
+
+
 def server_cpu_per_update(stats: pd.DataFrame, updates: int | None) -> float | None:
     """Seconds of the (one) server's CPU per applied update over training (:func:`servers_cpu_s`);
     None without samples or updates."""
@@ -497,7 +519,7 @@ def load_collection(path: str | Path) -> Collection:
 __all__ = [
     "COLUMNS", "STREAMS", "LOADERS", "Collection", "Run", "accuracy_with_ingress", "counter_rates", "faults",
     "ingress_per_second", "is_run_dir", "is_sweep_dir", "load_accuracy", "load_collection", "load_events",
-    "load_net", "load_plan", "load_run", "load_stats", "load_steps", "load_stream", "load_summary",
+    "container_usage", "load_net", "load_plan", "load_run", "load_stats", "load_steps", "load_stream", "load_summary",
     "load_traffic", "load_updates", "server_cpu_per_update", "server_shares", "servers_cpu_s", "step_phases", "summary_row", "traffic_both_ways", "training_start_ts",
     "worker_shares",
 ]

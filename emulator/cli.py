@@ -298,7 +298,9 @@ def calibrate(scenario_file, overrides, out_file, repeat, from_run):
     command = "emulate calibrate " + " ".join([scenario_file, *(f"--set {o}" for o in overrides), f"--repeat {repeat}",
                                                *([f"--from-run {from_run}"] if from_run else [])])
     try:
-        path, entries = measure(resolved, out_file, repeat, command, from_run=from_run)
+        from analysis.runs import container_usage
+
+        path, entries = measure(resolved, out_file, repeat, command, container=container_usage(from_run) if from_run else None)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--from-run") from None
     for key, entry in entries.items():

@@ -257,11 +257,12 @@ class Simulation(controller.Emulation):
 
 
 def calibrate(plan, out: str | Path | None = None, repeat: int = 30, command: str = "emulate calibrate",
-              from_run: str | Path | None = None) -> tuple[Path, dict]:
+              container: tuple[dict, dict] | None = None) -> tuple[Path, dict]:
     """Measure, on this machine, the CPU seconds the virtual clock needs for ``plan`` (its model and
     batch, compressor, rule and pull mode) and store them, replacing older entries of the same keys;
-    returns the file and the entries. ``emulate calibrate`` calls this. ``from_run``: a container
-    run of the scenario, from which the worker loop's CPU is taken as well (:func:`calibration.loop_from_run`)."""
+    returns the file and the entries. ``emulate calibrate`` calls this. ``container``: what a container
+    run of the scenario measured (``analysis.runs.container_usage``), from which the worker's step is
+    taken as well (:func:`calibration.loop_from_run`)."""
     from compression import compiled
 
     compiled.enable()
@@ -273,8 +274,8 @@ def calibrate(plan, out: str | Path | None = None, repeat: int = 30, command: st
     keys = calibration.keys_of(plan, shards.input_shape, shards.classes)
     store = calibration.Store(out or calibration_path())
     entries = calibration.measure(plan, layout, model, x, y, keys, repeat=repeat, command=command)
-    if from_run is not None:
-        entries.update(calibration.loop_from_run(Path(from_run), entries, keys))
+    if container is not None:
+        entries.update(calibration.loop_from_run(container, entries, keys))
     store.add(entries)
     return store.path, entries
 

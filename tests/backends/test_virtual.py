@@ -258,6 +258,7 @@ def test_the_worker_loop_is_calibrated_from_the_containers_cpu_counters_and_reco
     compression (their step records), 1 reading 100 kB of reply: the loop's 1 ms is the rest."""
     import json
 
+    from analysis.runs import container_usage
     from emulator.backends.virtual import calibration
 
     keys = calibration.Keys("step|m|batch=10", "compress|a", "server|a")
@@ -276,7 +277,7 @@ def test_the_worker_loop_is_calibrated_from_the_containers_cpu_counters_and_reco
         stats.append({"ts": 90.0, "device": name, "cpu_s": 0.1})  # before training: not counted
     (run / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
     (run / "stats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stats))
-    (loop,) = calibration.loop_from_run(run, entries, keys).values()
+    (loop,) = calibration.loop_from_run(container_usage(run), entries, keys).values()
     assert loop["cpu_s"] == pytest.approx(1e-3) and loop["samples"] == 3
     assert (loop["step_cpu_s"], loop["compress_cpu_s"]) == pytest.approx((5e-3, 0.5e-3))
     assert loop["provenance"]["workers"]["worker-0"]["cpu_per_step_s"] == pytest.approx(7e-3)
@@ -285,7 +286,7 @@ def test_the_worker_loop_is_calibrated_from_the_containers_cpu_counters_and_reco
     assert keys.loop in store.used(keys)["entries"] and store.missing(keys) == []  # optional: never measured at first use
     (run / "summary.json").write_text(json.dumps({"backend": "local", "training_started_ts": 100.0}))
     with pytest.raises(ValueError, match="docker"):
-        calibration.loop_from_run(run, entries, keys)
+        calibration.loop_from_run(container_usage(run), entries, keys)
 
 
 def test_the_server_links_delay_is_on_every_round_trip(tmp_path, monkeypatch):

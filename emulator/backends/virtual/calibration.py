@@ -224,42 +224,33 @@ def measure_receive(server, layout, method, messages) -> dict:
             "receive_mean_bytes": int(np.mean(sizes))}
 
 
-def loop_from_run(run_dir: Path, entries: dict, keys: Keys) -> dict:
+def loop_from_run(container: tuple[dict, dict], entries: dict, keys: Keys) -> dict:
     """A worker's CPU per step as the containers of a run of the scenario measured it (Docker or
-    Swarm): each device's cgroup CPU counter during training over its steps, and, from the worker's
-    own step records, its gradient's and its compression's CPU inside the container. The rest, less
-    the reading of its replies (``entries``' per-byte cost), is the loop's own: framing, socket
+    Swarm). ``container``: ``(run, workers)`` as :func:`analysis.runs.container_usage` reads a run
+    directory: per worker its cgroup CPU seconds during training, its steps, the bytes it pulled,
+    and its gradient's and compression's CPU from its own step records. The rest of its CPU per step,
+    less the reading of its replies (``entries``' per-byte cost), is the loop's own: framing, socket
     calls, telemetry. A virtual run that finds this entry charges the containers' gradient and
     compression and this rest (medians over the run's workers), not the in-process measurements,
     which move by 30 % or more between sittings on a shared machine (a gradient measured 5.0, then
     7.8 ms within minutes) and leave the loop out; each worker's figures are kept."""
-    from analysis.runs import load_run
-
-    run = load_run(run_dir)
-    backend = run.summary.get("backend")
-    if backend not in ("docker", "swarm"):
-        raise ValueError(f"{run_dir}: a {backend} run has no containers' CPU counters (run the scenario on docker)")
+    run, usage = container
+    if run.get("backend") not in ("docker", "swarm"):
+        raise ValueError(f"{run.get('run')}: a {run.get('backend')} run has no containers' CPU counters (run the scenario on docker)")
     per_byte = entries[keys.server]["receive_cpu_s_per_byte"]
     workers = {}
-    stats, steps = run.stats, run.steps
-    for name, rows in steps.groupby("source"):
-        done = int(rows["steps"].sum())
-        cpu = stats[(stats["device"] == name) & (stats["time_s"] >= 0)].dropna(subset=["cpu_s"]).sort_values("time_s")
-        if done < 20 or len(cpu) < 2:
+    for name, u in usage.items():
+        if u["steps"] < 20:
             continue
-        mean = lambda column: float((rows[column].fillna(0) * rows["steps"]).sum() / done) / 1000 if column in rows else 0.0  # noqa: E731
-        per_step = float(cpu["cpu_s"].iloc[-1] - cpu["cpu_s"].iloc[0]) / done
-        pulled = float(rows["pull_bytes"].fillna(0).sum()) / done if "pull_bytes" in rows else 0.0
-        gradient, compress = mean("compute_cpu_ms"), mean("compress_cpu_ms")
-        workers[name] = {"cpu_per_step_s": round(per_step, 6), "steps": done, "pull_bytes_per_step": round(pulled, 1),
+        per_step, pulled = u["cpu_s"] / u["steps"], u["pull_bytes"] / u["steps"]
+        gradient, compress = u["compute_cpu_ms"] / 1000, u["compress_cpu_ms"] / 1000
+        workers[name] = {"cpu_per_step_s": round(per_step, 6), "steps": u["steps"], "pull_bytes_per_step": round(pulled, 1),
                          "gradient_s": round(gradient, 6), "compress_s": round(compress, 6),
                          "loop_s": round(per_step - gradient - compress - per_byte * pulled, 6)}
     if not workers:
-        raise ValueError(f"{run_dir}: no worker with 20 steps and two CPU samples during training")
-    summary = run.summary
-    origin = {**provenance(f"emulate calibrate --from-run {run_dir}"), "run": str(run_dir), "run_backend": backend,
-              "run_plan_digest": summary.get("plan_digest"), "run_seed": summary.get("seed"), "workers": workers,
-              "receive_s_per_byte": per_byte}
+        raise ValueError(f"{run.get('run')}: no worker with 20 steps and two CPU samples during training")
+    origin = {**provenance(f"emulate calibrate --from-run {run.get('run')}"), **{f"run_{k}" if k != "run" else k: v for k, v in run.items()},
+              "workers": workers, "receive_s_per_byte": per_byte}
     median = lambda key: statistics.median(w[key] for w in workers.values())  # noqa: E731
     return {keys.loop: {**_stats([w["loop_s"] for w in workers.values()]), "step_cpu_s": median("gradient_s"),
                         "compress_cpu_s": median("compress_s"),
