@@ -301,7 +301,7 @@ def calibrate(scenario_file, overrides, out_file, repeat, from_run):
         from analysis.runs import container_usage
 
         path, entries = measure(resolved, out_file, repeat, command, container=container_usage(from_run) if from_run else None)
-    except ValueError as exc:
+    except (ValueError, FileNotFoundError) as exc:  # not a container run, or not a run directory at all
         raise click.BadParameter(str(exc), param_hint="--from-run") from None
     for key, entry in entries.items():
         click.echo(f"{entry['cpu_s'] * 1000:9.3f} ms CPU (p10 {entry['p10_s'] * 1000:.3f}, p90 {entry['p90_s'] * 1000:.3f}, "
