@@ -47,7 +47,7 @@ def run_comparison(name: str, methods: list[str], overrides: list[str], repeat: 
                  for r, row in zip(records, compare_rows(records)) if r.get("plan_digest")}
 
         def after(run, run_dir: Path) -> None:
-            write_run_record(out, name, run_dir, run.spec.label, run.repeat, run.repeat * 1000, command)
+            write_run_record(out, name, run_dir, run.spec.label, run.repeat, run.repeat * 1000, command, commit())
 
     compare(PAPER / "methods.yaml", methods, out / "runs", backend=backend, overrides=overrides, say=say,
             repeat=repeat, directory=directory, known=known, after_run=after)
@@ -100,8 +100,6 @@ def commit() -> str | None:
 def keep_commit(path: Path, fresh: str | None, run_dir: Path | None = None) -> str | None:
     """A record's commit is the one that first wrote it: a rerun that reuses the run keeps it. A
     record of another run under the same name (a committed record, the run made again here) does not."""
-    import json
-
     from emulator.experiments.records import clean, read_record
 
     if path.exists():
@@ -119,22 +117,22 @@ def write_comparison_records(result: dict, out: Path, extra: dict[str, dict] | N
     """One record per run of a :func:`run_comparison` under ``<out>/records/<name>/`` (``extra``: per
     method label, facts to add, such as the authors'-format bytes of its push). Runs without a
     summary (never finished, or read from their records) get none new."""
-    directory = Path(result["directory"])
+    directory, fresh = Path(result["directory"]), commit()  # one git call for the comparison, not two a record
     labels = list(dict.fromkeys(row["method"] for row in result["table"]["methods"]))
     return [write_run_record(out, result["name"], directory / row["run_id"], row["method"], row.get("repeat", 0),
-                             row.get("repeat", 0) * 1000 + labels.index(row["method"]), result["command"],
+                             row.get("repeat", 0) * 1000 + labels.index(row["method"]), result["command"], fresh,
                              (extra or {}).get(row["method"]))
             for row in result["table"]["methods"] if (directory / row["run_id"] / "summary.json").exists()]
 
 
 def write_run_record(out: Path, name: str, run_dir: Path, label: str, repeat: int, order: int, command: str,
-                     extra: dict | None = None) -> Path:
-    """The record of one run of comparison ``name`` (its first commit kept, :func:`keep_commit`)."""
+                     fresh: str | None, extra: dict | None = None) -> Path:
+    """The record of one run of comparison ``name``: its first commit kept (:func:`keep_commit`), else ``fresh``."""
     from emulator.experiments.records import make_record, record_path, write_record
 
     path = record_path(out / "records", name, run_dir.name)
     record = make_record(run_dir, experiment=name, label=label, repeat=repeat, command=command,
-                         commit=keep_commit(path, commit(), run_dir), extra={"order": order, **(extra or {})})
+                         commit=keep_commit(path, fresh, run_dir), extra={"order": order, **(extra or {})})
     return write_record(path, record)
 
 
