@@ -27,13 +27,11 @@ from emulator.control import fidelity, workload
 from emulator.backends import Backend, Endpoints, RunContext
 from emulator.control.collector import Collector
 from emulator.control.faults import Devices, FaultInjector
-from emulator.planning.methods import ResolvedMethod
 from emulator.planning.plan import DevicePlan, Plan
 from emulator.control.rundir import RunDirectory, read_jsonl
 from emulator.control.runstate import LiveState, Progress
 from emulator.planning.workload import user_files
-from emulator.runtime.config import (CheckpointConfig, DeviceConfig, EvaluatorConfig, LinkConfig, LocalConfig, MethodConfig, PullConfig,
-                                     ServerConfig, WireConfig, WorkerConfig)
+from emulator.runtime.config import CheckpointConfig, DeviceConfig, EvaluatorConfig, LinkConfig, ServerConfig, WorkerConfig
 from emulator.control.summary import RunFacts, summarize
 from emulator.planning.units import format_duration
 
@@ -116,7 +114,7 @@ class Emulation:
             shard = {"partition": plan.partition, "shard": device.index} if sharded else {}
             return ServerConfig(**common, seed=plan.seed, bind=ep.bind_of(device.name), layout=self.layout.to_json(),
                                 rule=self.bundle.device_reference(plan.method.rule, ep.workload_dir),
-                                learning_rate=server_learning_rate(plan.method, plan.training["learning_rate"]),
+                                learning_rate=plan.method.server_step_size(plan.training["learning_rate"]),
                                 max_updates=plan.training["max_updates"],
                                 aggregation=self.bundle.device_reference(plan.method.aggregation["name"], ep.workload_dir),
                                 aggregation_params=dict(plan.method.aggregation["params"]),
@@ -132,7 +130,7 @@ class Emulation:
                                 seed=(device.seed + 7919 * incarnation) & 0x7FFFFFFF,
                                 shard=f"{ep.data_dir}/{Path(self.shards.shards[device.index]).name}",
                                 batch_size=plan.training["batch_size"], transport=transport,
-                                method=method_config(plan.method, self.bundle.device_reference(plan.method.compressor, ep.workload_dir),
+                                method=plan.method.worker_config(self.bundle.device_reference(plan.method.compressor, ep.workload_dir),
                                                      plan.training["learning_rate"]))
         every = plan.training["eval_every"]
         return EvaluatorConfig(**client, test_set=f"{ep.data_dir}/{Path(self.shards.test_set).name}",
@@ -443,20 +441,6 @@ def unemulated(mechanisms: dict[str, dict[str, str]], backend: str) -> list[str]
     return lines
 
 
-def method_config(method: ResolvedMethod, compressor: str | None = None, learning_rate: float = 0.1) -> MethodConfig:
-    """The workers' side of the planned method, as their configuration carries it; ``compressor``: the
-    compressor as devices name it (a user's file where they read it), default the plan's; ``learning_rate``:
-    the training's, the clients' own step size when they take local steps."""
-    local = None if method.local is None else LocalConfig(**method.local, learning_rate=float(learning_rate))
-    return MethodConfig(compressor=compressor or method.compressor, params=dict(method.params), error_feedback=method.error_feedback,
-                        wire=WireConfig(**method.wire), pull=PullConfig(**method.pull), local=local)
-
-
-def server_learning_rate(method: ResolvedMethod, learning_rate: float) -> float:
-    """The server rule's step size: the training's, or with local steps ``local.server_learning_rate``."""
-    return learning_rate if method.server_learning_rate is None else float(method.server_learning_rate)
-
-
 def _raise_interrupt(controller_pid: int, signum, frame):
     """SIGTERM as Ctrl-C in the process that runs the emulation (it may itself be a child a sweep
     forked, so its pid is the one it had when the run started, not at import)."""
@@ -465,4 +449,4 @@ def _raise_interrupt(controller_pid: int, signum, frame):
     raise KeyboardInterrupt
 
 
-__all__ = ["Emulation", "FidelityError", "cache_dir", "method_config"]
+__all__ = ["Emulation", "FidelityError", "cache_dir"]

@@ -158,10 +158,10 @@ class Simulation(controller.Emulation):
 
         rate = plan.training["learning_rate"]
         cfg = replace(cfg, initial=f"{self.bundle.host_dir}/{workload.INITIAL}",
-                      learning_rate=controller.server_learning_rate(plan.method, rate),
+                      learning_rate=plan.method.server_step_size(rate),
                       aggregation=self.bundle.device_reference(plan.method.aggregation["name"], self.bundle.host_dir),
                       aggregation_params=dict(plan.method.aggregation["params"]))
-        method = controller.method_config(plan.method, self.bundle.device_reference(plan.method.compressor, self.bundle.host_dir), rate)
+        method = plan.method.worker_config(self.bundle.device_reference(plan.method.compressor, self.bundle.host_dir), rate)
         test = load_shard(self.shards.test_set)
         sim = Simulator(plan, self.layout, model, shard, test, costs, cfg, self._sink)
         self.sim = sim

@@ -20,6 +20,7 @@ from compression import COMPRESSORS
 from emulator import plugins
 from emulator.planning import federated
 from emulator.planning.problems import Problem, problems_from
+from emulator.runtime.config import LocalConfig, MethodConfig, PullConfig, WireConfig
 from emulator.runtime.rules import RULES
 
 
@@ -86,6 +87,18 @@ class ResolvedMethod:
         words = [] if mode == "dense" else [f"delta {values}"]
         words += [] if every == 1 else [f"every {every} pushes"]
         return ", ".join(words)
+
+    def worker_config(self, compressor: str | None = None, learning_rate: float = 0.1) -> MethodConfig:
+        """The workers' side of this method, as a device's configuration carries it; ``compressor``: the
+        compressor as devices name it (a user's file where they read it), default this method's;
+        ``learning_rate``: the training's, the clients' own step size when they take local steps."""
+        local = None if self.local is None else LocalConfig(**self.local, learning_rate=float(learning_rate))
+        return MethodConfig(compressor=compressor or self.compressor, params=dict(self.params), error_feedback=self.error_feedback,
+                            wire=WireConfig(**self.wire), pull=PullConfig(**self.pull), local=local)
+
+    def server_step_size(self, learning_rate: float) -> float:
+        """The server rule's step size: the training's, or with local steps ``local.server_learning_rate``."""
+        return learning_rate if self.server_learning_rate is None else float(self.server_learning_rate)
 
     def to_json(self) -> dict:
         return {

@@ -7,7 +7,6 @@ import yaml
 from click.testing import CliRunner
 
 from emulator.cli import main
-from emulator.control.controller import method_config, server_learning_rate
 from emulator.planning.plan import make_plan
 from emulator.planning.problems import ScenarioError
 from emulator.planning.scenario import validate
@@ -63,9 +62,9 @@ def test_the_plan_carries_local_steps_and_the_aggregation_to_the_devices():
     assert method.local == {"steps": 20, "epochs": None}
     assert method.aggregation == {"name": "fedavg", "params": {"sample": 4, "deadline_s": 30.0}}  # as given
     assert method.to_json()["aggregation"]["name"] == "fedavg"
-    worker = method_config(method, None, plan.training["learning_rate"])
+    worker = method.worker_config(learning_rate=plan.training["learning_rate"])
     assert worker.local.steps == 20 and worker.local.learning_rate == 0.05  # the clients' step size is the training's
-    assert server_learning_rate(method, plan.training["learning_rate"]) == 0.5
+    assert method.server_step_size(plan.training["learning_rate"]) == 0.5
 
 
 def test_defaults_that_depend_on_the_clients_are_filled_in_and_recorded():
@@ -81,7 +80,7 @@ def test_a_federated_aggregation_without_local_trains_one_epoch_and_plain_plans_
     assert fed.aggregation["params"] == {"buffer": 4}
     plain = make_plan(validate(scenario({"name": "adacomp"}))).method
     assert not plain.federated and "aggregation" not in plain.to_json() and plain.local is None
-    assert method_config(plain).local is None
+    assert plain.worker_config().local is None
 
 
 def test_a_users_aggregator_is_listed_bundled_and_checked(tmp_path):

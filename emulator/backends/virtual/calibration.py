@@ -98,14 +98,6 @@ def model_constants() -> dict:
             "loss_model": "Mathis: MSS/RTT*sqrt(3/2)/sqrt(p)", "threads_per_device": 1}
 
 
-def method_config(method):
-    """The workers' side of the planned method, as a device's configuration carries it."""
-    from emulator.runtime.config import MethodConfig, PullConfig, WireConfig
-
-    return MethodConfig(compressor=method.compressor, params=dict(method.params), error_feedback=method.error_feedback,
-                        wire=WireConfig(**method.wire), pull=PullConfig(**method.pull))
-
-
 def server_config(plan, layout, rule: str | None = None):
     """The in-process server's configuration: the run's rule, rate and seed; no socket, no checkpoint."""
     from emulator.runtime.config import LinkConfig, ServerConfig
@@ -139,7 +131,7 @@ def measure(plan, layout, model, x, y, keys: Keys, repeat: int = 30, command: st
         steps.append(time.process_time() - c0)
         grads.append(grad)
     steps = steps[3:]  # the first calls still allocate
-    method = method_config(plan.method)
+    method = plan.method.worker_config(learning_rate=plan.training["learning_rate"])
     compressor, wire = build_compressor(method, layout, plan.seed)
     splits = np.array(layout.offsets[1:])
     compress, messages = [], []
@@ -295,4 +287,4 @@ class Store:
         return {**data, "digest": digest}
 
 
-__all__ = ["Keys", "Store", "keys_of", "loop_from_run", "measure", "method_config", "model_constants", "provenance", "server_config"]
+__all__ = ["Keys", "Store", "keys_of", "loop_from_run", "measure", "model_constants", "provenance", "server_config"]
