@@ -190,9 +190,14 @@ def compare_rows(records: list[dict]) -> list[dict]:
     return [{**r["row"], "curve": curve_of(r), "repeat": r["repeat"], "seed": r["seed"]} for r in records]
 
 
+def run_seconds(summary: dict) -> float:
+    """A run's run time: its boot and its training, from its summary (the time a rerun that reuses it saves)."""
+    return (summary.get("boot_s") or 0) + (summary.get("duration_s") or 0)
+
+
 def record_path(folder: Path, experiment: str, run_id: str) -> Path:
     return Path(folder) / experiment / f"{run_id}{SUFFIX}"
 
 
 __all__ = ["FORMAT", "SUFFIX", "clean", "compare_rows", "curve_of", "experiment_records", "make_record", "read_record", "read_records", "record_bytes", "record_path",
-           "staleness_record", "write_record"]
+           "run_seconds", "staleness_record", "write_record"]

@@ -7,7 +7,8 @@ alone, with the same statistics ``emulate compare`` and ``emulate sweep`` use
 (:mod:`analysis.outcomes`). The output depends on the records only: no date, no machine, no
 wall time of this invocation (each section gives the run time of its runs, from the records),
 and figures are written without metadata, so a second regeneration is byte-identical and a
-test fails on any difference from what is committed.
+test fails on any difference from what is committed (on another machine, figures may differ by
+anti-aliasing only: the test compares them as pictures).
 
 One section per experiment (a record's ``experiment``), in the order of ``make figures``;
 its kind picks the renderer: ``compare`` (rates, smoothed accuracy, paired tests with
@@ -26,7 +27,7 @@ import pandas as pd
 
 from analysis import figures
 from emulator.experiments.paper.results import Section
-from emulator.experiments.records import SUFFIX, compare_rows, curve_of, read_records
+from emulator.experiments.records import SUFFIX, compare_rows, curve_of, read_records, run_seconds
 
 TITLE = "# Reproducing Hardy, Le Merrer and Sericola (NCA 2017): results regenerated from the run records"
 TITLES = {"servers": "Compression or more servers", "bytes": "Bytes per update on both bases", "alphas": "Step size per method", "methods": "Accuracy and bytes per method",
@@ -72,7 +73,7 @@ def regenerate(records_dir: Path, out: Path, command: str) -> Path:
 
 def _run_time(records: list[dict]) -> str:
     """``N runs, their run time H h M min (boot and training, from the records)``."""
-    seconds = sum((r["summary"].get("boot_s") or 0) + (r["summary"].get("duration_s") or 0) for r in records)
+    seconds = sum(run_seconds(r["summary"]) for r in records)
     minutes = round(seconds / 60)
     took = f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min" if minutes else f"{seconds:.0f} s"
     return f"{len(records)} runs; their run time {took} (boot and training of each run, summed from the records)"

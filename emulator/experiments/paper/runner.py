@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 
 from emulator.experiments.paper.profiles import PAPER, ROOT
+from emulator.experiments.records import (clean, compare_rows, experiment_records, make_record, read_record, record_path, run_seconds,
+                                          write_record)
 
 
 def command_line(parts: list[str]) -> str:
@@ -34,7 +36,6 @@ def run_comparison(name: str, methods: list[str], overrides: list[str], repeat: 
     goes on in the next one. Only for experiments whose sections read the comparison's table and
     records, not its run directories."""
     from emulator.experiments.compare import compare
-    from emulator.experiments.records import compare_rows, experiment_records
 
     directory = out / "runs" / name
     before = _finished(directory)
@@ -43,7 +44,7 @@ def run_comparison(name: str, methods: list[str], overrides: list[str], repeat: 
     known, after = None, None
     if from_records:
         records = experiment_records(out / "records", name)
-        known = {r["plan_digest"]: {**row, "recorded_seconds": _seconds(r["summary"])}
+        known = {r["plan_digest"]: {**row, "recorded_seconds": run_seconds(r["summary"])}
                  for r, row in zip(records, compare_rows(records)) if r.get("plan_digest")}
 
         def after(run, run_dir: Path) -> None:
@@ -56,10 +57,6 @@ def run_comparison(name: str, methods: list[str], overrides: list[str], repeat: 
     result["runs"] = run_counts(directory, result["table"]["methods"], before)
     write_comparison_records(result, out)
     return result
-
-
-def _seconds(summary: dict) -> float:
-    return (summary.get("boot_s") or 0) + (summary.get("duration_s") or 0)
 
 
 def _finished(directory: Path) -> set[str]:
@@ -75,7 +72,7 @@ def run_counts(directory: Path, rows: list[dict], before: set[str]) -> dict:
     for row in rows:
         path = Path(directory) / row["run_id"] / "summary.json"
         if path.exists():
-            seconds += _seconds(json.loads(path.read_text()))
+            seconds += run_seconds(json.loads(path.read_text()))
             reused += row["run_id"] in before
         elif row.get("recorded_seconds") is not None:
             seconds += row["recorded_seconds"]
@@ -100,8 +97,6 @@ def commit() -> str | None:
 def keep_commit(path: Path, fresh: str | None, run_dir: Path | None = None) -> str | None:
     """A record's commit is the one that first wrote it: a rerun that reuses the run keeps it. A
     record of another run under the same name (a committed record, the run made again here) does not."""
-    from emulator.experiments.records import clean, read_record
-
     if path.exists():
         try:
             stored = read_record(path)
@@ -128,8 +123,6 @@ def write_comparison_records(result: dict, out: Path, extra: dict[str, dict] | N
 def write_run_record(out: Path, name: str, run_dir: Path, label: str, repeat: int, order: int, command: str,
                      fresh: str | None, extra: dict | None = None) -> Path:
     """The record of one run of comparison ``name``: its first commit kept (:func:`keep_commit`), else ``fresh``."""
-    from emulator.experiments.records import make_record, record_path, write_record
-
     path = record_path(out / "records", name, run_dir.name)
     record = make_record(run_dir, experiment=name, label=label, repeat=repeat, command=command,
                          commit=keep_commit(path, fresh, run_dir), extra={"order": order, **(extra or {})})
@@ -158,7 +151,6 @@ def run_sweep_into(name: str, scenario: Path, grid: list[str], overrides: list[s
 def write_sweep_records(result: dict, out: Path) -> list[Path]:
     """One record per finished run of a sweep under ``<out>/records/<name>/``, with its grid values."""
     from analysis.runs import load_collection
-    from emulator.experiments.records import make_record, record_path, write_record
 
     collection, fresh = load_collection(result["directory"]), commit()
     written = []
