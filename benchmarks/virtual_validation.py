@@ -158,10 +158,36 @@ def table(folder: Path, labels: list[str]) -> list[str]:
     return lines
 
 
+def container_table(calibration: Path) -> list[str]:
+    """The worker loop as containers measured it, from a committed calibration file: per container
+    entry (``emulate calibrate --from-run``), each worker's gradient, compression, loop and whole-step
+    CPU (median and range over the run's workers, in ms), then the in-process entries beside them."""
+    entries = json.loads(Path(calibration).read_text())["entries"]
+    ms = lambda values: f"{1e3 * statistics.median(values):.2f} ({1e3 * min(values):.2f}-{1e3 * max(values):.2f})"
+    lines = ["| pulls | run (seed) | workers | steps a worker | gradient (ms) | compression (ms) | loop (ms) | CPU a step (ms) |",
+             "|---|---|---:|---|---|---|---|---|"]
+    for key, entry in sorted(entries.items()):
+        if not key.startswith("loop|"):
+            continue
+        provenance = entry["provenance"]
+        workers = list(provenance["workers"].values())
+        pull = json.loads(key.split("pull=", 1)[1].split("|", 1)[0])["mode"]
+        steps = [w["steps"] for w in workers]
+        lines.append(f"| {pull} | {Path(provenance['run']).name} ({provenance['run_seed']}) | {len(workers)} | {min(steps)}-{max(steps)} | "
+                     + " | ".join(ms([w[k] for w in workers]) for k in ("gradient_s", "compress_s", "loop_s", "cpu_per_step_s")) + " |")
+    lines.append("")
+    for key, entry in sorted(entries.items()):
+        if key.startswith(("step|", "compress|")):
+            lines.append(f"- in process, {entry['what']}: {1e3 * entry['cpu_s']:.2f} ms (p10 {1e3 * entry['p10_s']:.2f}, "
+                         f"p90 {1e3 * entry['p90_s']:.2f}; {entry['samples']} samples)")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("scenario", nargs="?", help="the scenario file (not with --table)")
     ap.add_argument("--table", nargs="+", metavar="LABEL", help="run nothing: print the table of these committed results")
+    ap.add_argument("--containers", metavar="CALIBRATION", help="run nothing: print the worker loop's per-worker figures of this calibration file")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="a scenario override, as emulate run --set")
     ap.add_argument("--label", help="the result's name (default: the scenario file's stem)")
@@ -170,6 +196,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.table:
         print("\n".join(table(Path(args.out), args.table)))
+        return
+    if args.containers:
+        print("\n".join(container_table(Path(args.containers))))
         return
     if not args.scenario:
         ap.error("a scenario file, or --table")

@@ -191,3 +191,14 @@ def test_the_validation_pages_table_is_printed_from_the_committed_results():
                                               "availability-6", "devices-64") for suffix in ("", "-loop")]
     lines = table(ROOT / "docs" / "performance" / "virtual-validation", labels)
     assert "\n".join(lines) in (ROOT / "docs" / "VIRTUAL_TIME.md").read_text()
+
+
+def test_the_container_calibration_table_is_printed_from_the_committed_file():
+    """docs/VIRTUAL_TIME.md's per-worker figures of the container calibration are what --containers
+    prints from the committed calibration file, one row per container entry and both in-process entries."""
+    from benchmarks.virtual_validation import container_table
+
+    lines = container_table(ROOT / "docs" / "performance" / "virtual-validation" / "calibration-2026-12-06.json")
+    assert [line.split(" | ")[0] for line in lines if line.startswith("| de")] == ["| delta", "| dense"]
+    assert sum(line.startswith("- in process") for line in lines) == 2
+    assert "\n".join(lines) in (ROOT / "docs" / "VIRTUAL_TIME.md").read_text()
