@@ -1,11 +1,15 @@
-"""Run records and the reproduction regenerated from them: deterministic bytes, byte-identical
+"""Run records and the reproduction regenerated from them: deterministic bytes, the same
 output, links that resolve.
 
 ``tests/data/records/`` holds a small set of records made from the recorded traces of
 ``tests/data/traces/`` (:func:`make_fixture`; the numbers mean nothing) and what
 ``python -m emulator.experiments.paper --from-records`` writes from them (``expected/``). Both
 are checked here against a fresh build, byte for byte; so are docs/reproduction's records and
-the results.md and figures regenerated from them.
+the results.md regenerated from them. Figures are compared as pictures: the same size and the
+same pixels up to anti-aliasing. The same records drawn by the same pinned matplotlib on two
+machines differed in 19 of 645,120 pixels, by at most 3 of 255 levels (the edges of a few lines;
+every text and every other pixel equal), while any change to what a figure shows (a point moved,
+a line or label more or less) changes hundreds of pixels by far more.
 """
 
 from __future__ import annotations
@@ -80,11 +84,64 @@ def _regenerated(records: Path, out: Path, command: str) -> set[Path]:
     return {p.relative_to(out) for p in out.rglob("*") if p.is_file()}
 
 
+ANTIALIAS_LEVELS = 16  # the most a pixel of a figure may differ by, of 255
+ANTIALIAS_SHARE = 0.001  # the share of a figure's pixels that may differ at all
+
+
+def _same_picture(a: Path, b: Path) -> bool:
+    """Two PNGs that show the same figure: the same size, at most ANTIALIAS_SHARE of the pixels
+    different, none by more than ANTIALIAS_LEVELS."""
+    import numpy as np
+    from PIL import Image
+
+    x, y = (np.asarray(Image.open(p).convert("RGBA"), dtype=np.int16) for p in (a, b))
+    if x.shape != y.shape:
+        return False
+    differ = np.abs(x - y).max(axis=-1)
+    return int((differ > 0).sum()) <= ANTIALIAS_SHARE * differ.size and int(differ.max()) <= ANTIALIAS_LEVELS
+
+
+def _same(made: Path, committed: Path) -> bool:
+    """Text byte for byte; a figure as a picture (:func:`_same_picture`)."""
+    if filecmp.cmp(made, committed, shallow=False):
+        return True
+    return made.suffix == ".png" and _same_picture(made, committed)
+
+
 def _differences(made: Path, committed: Path, files: set[Path]) -> list[str]:
-    return [str(f) for f in sorted(files) if not (committed / f).is_file() or not filecmp.cmp(made / f, committed / f, shallow=False)]
+    return [str(f) for f in sorted(files) if not (committed / f).is_file() or not _same(made / f, committed / f)]
 
 
-def test_the_fixture_regenerates_byte_identical(tmp_path):
+def test_figures_equal_up_to_antialiasing_and_no_further(tmp_path):
+    """A few edge pixels a few levels off is the same figure; a moved line, a darker patch or another size is not."""
+    import numpy as np
+    from PIL import Image
+
+    base = np.full((200, 300, 3), 255, dtype=np.uint8)
+    base[100, 20:280] = (31, 119, 180)  # a line
+
+    def saved(name: str, pixels: np.ndarray) -> Path:
+        Image.fromarray(pixels).save(tmp_path / name)
+        return tmp_path / name
+
+    original = saved("a.png", base)
+    edges = base.copy()
+    edges[99, 50:60] -= 3  # ten pixels at a line's edge, 3 levels darker
+    moved = base.copy()
+    moved[100, 20:280], moved[104, 20:280] = 255, (31, 119, 180)
+    patch = base.copy()
+    patch[0:2, 0:10] -= 40  # few pixels, far off
+    assert _same_picture(original, saved("edges.png", edges))
+    assert not _same_picture(original, saved("moved.png", moved))
+    assert not _same_picture(original, saved("patch.png", patch))
+    assert not _same_picture(original, saved("wider.png", np.full((200, 301, 3), 255, dtype=np.uint8)))
+    text = tmp_path / "a.md"
+    text.write_text("x\n")
+    (tmp_path / "b.md").write_text("y\n")
+    assert not _same(text, tmp_path / "b.md")
+
+
+def test_the_fixture_regenerates_what_is_committed(tmp_path):
     files = _regenerated(FIXTURE / "records", tmp_path / "out", COMMAND)
     expected = {p.relative_to(FIXTURE / "expected") for p in (FIXTURE / "expected").rglob("*") if p.is_file()}
     assert files == expected
