@@ -156,7 +156,8 @@ def test_each_method_gets_the_alpha_of_its_best_run_that_neither_diverged_nor_di
     runs = {("asgd", 0.1): ("diverged", 0.1), ("asgd", 0.02): ("diverged", 0.1), ("asgd", 0.005): ("ok", 0.42),
             ("adacomp:c=0.01", 0.1): ("diverged", 0.1), ("adacomp:c=0.01", 0.02): ("ok", 0.66),
             ("adacomp:c=0.01", 0.005): ("ok", 0.66),  # a tie: the larger step is chosen
-            ("comp_c:c=0.01", 0.1): ("dead", 0.95), ("comp_c:c=0.01", 0.02): ("ok", 0.3)}  # a dead run is never chosen
+            ("comp_c:c=0.01", 0.1): ("dead", 0.95), ("comp_c:c=0.01", 0.02): ("ok", 0.3),  # a dead run is never chosen
+            ("comp_c:c=0.01", 0.005): ("ok", 0.25)}
     rows = []
     for i, ((method, alpha), (outcome, accuracy)) in enumerate(runs.items()):
         run_id = f"{i:02d}"
@@ -283,6 +284,22 @@ def test_a_step_is_chosen_only_where_every_seed_trained_and_marked_at_the_edge()
     assert choice.alpha == 0.01 and choice.inside and choice.scores[0.1]["trained"] == 1
     edge = choose([row(0.01, 0.8), row(0.001, 0.5)], {"m": (0.01, 0.001)})["m"]
     assert edge.alpha == 0.01 and not edge.inside and "edge" in edge.verdict
+
+
+def test_part_of_a_grid_chooses_no_step():
+    """An interrupted grid (one seed of two at each step, or a step not run yet) chooses nothing, so
+    a later experiment does not build on a step picked from part of its grid."""
+    from emulator.experiments.paper.steps import choose, with_alpha
+
+    def row(alpha, accuracy):
+        return {"method": with_alpha("m", alpha), "status": "completed", "outcome": "ok", "final_accuracy_last_k": accuracy}
+
+    half = choose([row(0.1, 0.9), row(0.01, 0.8), row(0.001, 0.5)], {"m": (0.1, 0.01, 0.001)}, repeat=2)["m"]
+    assert half.alpha is None and half.missing == 3 and "3 run(s)" in half.verdict
+    unrun = choose([row(0.1, 0.9), row(0.1, 0.9), row(0.01, 0.8), row(0.01, 0.8)], {"m": (0.1, 0.01, 0.001)}, repeat=2)["m"]
+    assert unrun.alpha is None and unrun.missing == 2
+    whole = choose([row(a, x) for a, x in ((0.1, 0.6), (0.01, 0.8), (0.001, 0.5)) for _ in range(2)], {"m": (0.1, 0.01, 0.001)}, repeat=2)
+    assert whole["m"].alpha == 0.01 and whole["m"].missing == 0
 
 
 def test_a_section_says_how_many_runs_were_reused_and_what_they_cost():

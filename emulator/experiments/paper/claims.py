@@ -120,7 +120,7 @@ def claim6_experiment(profile: Profile, out: Path, backend: str, dataset: str, s
     if grid is not None:
         results.append(_run(grid, out, backend, say))
         rows = results[-1]["table"]["methods"]
-        choices = steps.choose(rows, {m: profile.claim6_grid for m in profile.claim6_methods})
+        choices = steps.choose(rows, {m: profile.claim6_grid for m in profile.claim6_methods}, repeat=profile.claim6_grid_repeat)
         best = {m: c.alpha for m, c in choices.items() if c.alpha is not None}
         say("claim 6 steps: " + ", ".join(f"{m} {c.verdict}" for m, c in choices.items()))
     results.append(_run(plan_claim6(profile, dataset, best), out, backend, say))

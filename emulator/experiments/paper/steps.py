@@ -39,33 +39,39 @@ class Choice:
     """A method's chosen step, whether the grid brackets it, and what each step scored."""
 
     method: str
-    alpha: float | None  # None: no step trained in every repetition
+    alpha: float | None  # None: no step trained in every repetition, or the grid is not all run yet
     inside: bool  # strictly inside the grid: a larger and a smaller step were tried
     scores: dict = field(default_factory=dict)  # alpha -> {"trained": k, "runs": n, "accuracy": mean last-k or None}
+    missing: int = 0  # runs of the grid not made yet: no step is chosen from part of a grid
 
     @property
     def verdict(self) -> str:
+        if self.missing:
+            return f"not chosen yet: {self.missing} run(s) of the grid still to make"
         if self.alpha is None:
             return "none trained in every repetition"
         return f"{self.alpha:g}" + ("" if self.inside else " (at the edge of the grid: extend it)")
 
 
-def choose(rows: list[dict], grids: dict[str, tuple[float, ...]], failed=lambda row: False) -> dict[str, Choice]:
+def choose(rows: list[dict], grids: dict[str, tuple[float, ...]], failed=lambda row: False, repeat: int = 1) -> dict[str, Choice]:
     """Per method of ``grids``, its :class:`Choice` from a comparison's rows (``failed(row)``: the run
-    did not complete)."""
+    did not complete; ``repeat``: the runs each step needs). A grid with a step short of its runs (an
+    interrupted grid, or part of its records) chooses nothing: a step picked from one seed of two, or
+    before a better step was tried, is not the grid's choice."""
     out = {}
     for method, steps in grids.items():
-        scores, candidates = {}, []
+        scores, candidates, missing = {}, [], 0
         for alpha in steps:
             mine = [r for r in rows if r["method"] == with_alpha(method, alpha)]
+            missing += max(0, repeat - len(mine))
             done = [r for r in mine if not failed(r)]
             good = [r for r in done if trained(r) and _accuracy(r) is not None]
             accuracy = sum(_accuracy(r) for r in good) / len(good) if good else None
             scores[alpha] = {"trained": len(good), "runs": len(mine), "accuracy": accuracy}
             if mine and len(good) == len(mine):
                 candidates.append((accuracy, alpha))
-        if not candidates:
-            out[method] = Choice(method, None, False, scores)
+        if missing or not candidates:
+            out[method] = Choice(method, None, False, scores, missing)
             continue
         alpha = max(candidates)[1]
         out[method] = Choice(method, alpha, min(steps) < alpha < max(steps), scores)
@@ -81,7 +87,7 @@ def _accuracy(row: dict) -> float | None:
 def best_alphas(profile, out) -> dict[str, float]:
     """Per method of the profile's step grids, its chosen step (:func:`choose`: every
     repetition trained, best mean final accuracy, ties to the larger step); a method none of
-    whose steps trained in every repetition is left out. From the grid's runs under ``out`` when
+    whose steps trained in every repetition, or whose grid is not all run yet, is left out. From the grid's runs under ``out`` when
     they are there, else from its records (``<out>/records/alphas``: the committed ones, which the
     driver copies in from ``--records``), so a later session's experiments build on a grid run
     in an earlier one on another machine."""
@@ -94,12 +100,13 @@ def best_alphas(profile, out) -> dict[str, float]:
         records = experiment_records(out / "records", "alphas")
         if not records:
             return {}
-        picked = choose([r["row"] for r in records], profile.step_grids(), failed=lambda row: row.get("status") != "completed")
+        picked = choose([r["row"] for r in records], profile.step_grids(), failed=lambda row: row.get("status") != "completed",
+                        repeat=profile.alpha_repeat)
     return {m: c.alpha for m, c in picked.items() if c.alpha is not None}
 
 
 def choices(profile, rows: list[dict], directory: Path) -> dict[str, Choice]:
-    return choose(rows, profile.step_grids(), failed=lambda row: row_failure(directory, row) is not None)
+    return choose(rows, profile.step_grids(), failed=lambda row: row_failure(directory, row) is not None, repeat=profile.alpha_repeat)
 
 
 def score_cell(score: dict) -> str:
