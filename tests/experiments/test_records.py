@@ -189,3 +189,28 @@ def test_a_section_says_how_many_runs_the_fidelity_check_flagged():
     assert text.startswith("Fidelity check (each run, before training): 1 of 3 runs flagged a property off by more than 10%")
     assert "at most 38 properties in one run, e.g. worker-0.cpu_share, worker-1.cpu_share, worker-2.cpu_share)" in text
     assert text.endswith("1 record written before the check was kept in them.")
+
+
+def test_a_step_grids_section_says_which_step_it_chose_and_not_from_part_of_the_grid(tmp_path):
+    """alphas and claim6-steps end with the step ``make figures`` chose per method; a step with fewer
+    runs than the others (the grid still running) makes the section say nothing is chosen yet."""
+    from analysis import figures
+    from emulator.experiments.paper.regenerate import renderer, steps_section
+
+    def record(alpha, repeat, trace="healthy-faults"):
+        return make_record(TRACES / trace, experiment="alphas", label=f"m:training.learning_rate={alpha}", repeat=repeat,
+                           command="(recorded trace)", commit="c")
+
+    whole = [record(0.1, 0), record(0.01, 0), record(0.1, 1), record(0.01, 1)]
+    part = whole[:3]
+    assert renderer("alphas", whole) is steps_section and renderer("claim6-steps", whole) is steps_section
+    styles = figures.Styles(["m:training.learning_rate=0.1", "m:training.learning_rate=0.01"])
+    chosen = steps_section("alphas", whole, tmp_path / "whole", styles).body
+    assert "### Step chosen per method" in chosen and chosen[-1].startswith("| `m` | 0.1: ") and "2 run(s) a step" in "\n".join(chosen)
+    assert chosen[-1].endswith(" (at the edge of the grid: extend it) |")
+    waiting = steps_section("alphas", part, tmp_path / "part", styles).body
+    assert waiting[-1].endswith("| not chosen yet: 1 run(s) of the grid still to make |")
+    first = [make_record(TRACES / "healthy-faults", experiment="alphas", label=f"m:training.learning_rate={alpha}", repeat=0,
+                         command="emulate compare scenarios/paper/methods.yaml --repeat 2", commit="c") for alpha in (0.1, 0.01)]
+    asked = steps_section("alphas", first, tmp_path / "first", styles).body  # every step once, of the two runs asked
+    assert asked[-1].endswith("| not chosen yet: 2 run(s) of the grid still to make |")

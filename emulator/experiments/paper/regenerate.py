@@ -20,6 +20,7 @@ push measured on both bases).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -382,13 +383,47 @@ def servers_section(name: str, records: list[dict], out: Path, styles) -> Sectio
     return section
 
 
+STEP = ":training.learning_rate="
+
+
+def steps_section(name: str, records: list[dict], out: Path, styles) -> Section:
+    """A step-size grid's comparison, then the step it chose per method (:func:`.steps.choose`, the
+    rule ``make figures`` applies). The grid is what its records hold: each method's steps, and as
+    many runs a step as the command that made them asked (``--repeat``), or its most-run step has;
+    while a step is short of them, nothing is chosen."""
+    from emulator.experiments.paper import steps
+
+    section = compare_section(name, records, out, styles)
+    grids: dict[str, list[float]] = {}
+    for record in records:
+        method, _, alpha = record["label"].partition(STEP)
+        if alpha:
+            grids.setdefault(method, []).append(float(alpha))
+    grids = {method: tuple(sorted(set(alphas), reverse=True)) for method, alphas in grids.items()}
+    rows = [r["row"] for r in records]
+    asked = [int(m.group(1)) for r in records for m in [re.search(r"--repeat (\d+)", r["provenance"].get("command") or "")] if m]
+    repeat = max([*asked, *(sum(r["method"] == steps.with_alpha(m, a) for r in rows) for m, grid in grids.items() for a in grid)])
+    choices = steps.choose(rows, grids, failed=lambda row: row.get("status") != "completed", repeat=repeat)
+    lines = ["| method | step: final accuracy (runs that trained) | chosen |", "|---|---|---|"]
+    for method, grid in grids.items():
+        cells = "; ".join(f"{alpha:g}: {steps.score_cell(choices[method].scores[alpha])}" for alpha in grid)
+        lines.append(f"| `{method}` | {cells} | {choices[method].verdict} |")
+    section.body += ["", "### Step chosen per method", "",
+                     f"The rule `make figures` applies: a step qualifies when every one of its runs completed and trained; the "
+                     f"best mean final accuracy among those, ties to the larger step; a choice at either end of the grid is "
+                     f"marked. The grid as its records hold it, {repeat} run(s) a step; while a step has fewer, nothing is "
+                     f"chosen.", "", *lines]
+    return section
+
+
 RENDERERS = {"compare": compare_section, "sweep": sweep_section, "bytes": bytes_section}  # by the records' kind
-OWN_RENDERERS = {"servers": servers_section}  # experiments with more to say than their kind's section
+# experiments with more to say than their kind's section, by name, else by the name's stem (servers-200mbit: servers)
+OWN_RENDERERS = {"servers": servers_section, "alphas": steps_section, "claim6-steps": steps_section}
 
 
 def renderer(name: str, records: list[dict]):
     """The section writer of one experiment: its own, else its records' kind's."""
-    return OWN_RENDERERS.get(name.split("/")[0].split("-")[0]) or RENDERERS[records[0]["kind"]]  # servers-200mbit: servers
+    return OWN_RENDERERS.get(name) or OWN_RENDERERS.get(name.split("/")[0].split("-")[0]) or RENDERERS[records[0]["kind"]]
 
 
 __all__ = ["OWN_RENDERERS", "RENDERERS", "accuracy_table", "regenerate"]
