@@ -83,6 +83,22 @@ def test_a_failing_experiment_makes_the_driver_exit_1_after_writing_the_others(t
     assert "INCOMPLETE" not in (tmp_path / "results.md").read_text()
 
 
+def test_ctrl_c_keeps_the_finished_runs_records_and_exits_130_without_a_traceback(tmp_path, monkeypatch, capsys):
+    from emulator.experiments.records import record_path, write_record
+
+    def one_run_then_ctrl_c(profile, out, backend, dataset, say):
+        write_record(record_path(out / "records", "alphas", "00-done"), {"experiment": "alphas", "run_id": "00-done"})
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver, "EXPERIMENTS", {"alphas": one_run_then_ctrl_c})
+    monkeypatch.setattr(driver, "choose_dataset", lambda say: ("digits", "a test stand-in"))
+    kept = tmp_path / "kept"
+    assert driver.main(["--profile", "smoke", "--backend", "local", "--out", str(tmp_path / "out"), "--records", str(kept)]) == 130
+    assert record_path(kept, "alphas", "00-done").exists()
+    err = capsys.readouterr().err
+    assert "interrupted: the runs that finished are kept" in err and f"records copied to {kept}" in err and "Traceback" not in err
+
+
 def test_no_usable_dataset_is_exit_2_with_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setattr(driver, "DATASET_PREFERENCE", ("fashion-mnist",))
     monkeypatch.setenv("EMULATE_DATA_ROOT", str(tmp_path))

@@ -88,6 +88,9 @@ def main(argv=None) -> int:
                                   [f"{name}: the experiment failed: {type(exc).__name__}: {cause}"])
             section.seconds = time.monotonic() - began
             sections.append(section)
+    except KeyboardInterrupt:  # one line, not a traceback; the records are kept below
+        say("interrupted: the runs that finished are kept; the same command goes on from them")
+        return 130
     finally:  # Ctrl-C too: the comparisons that finished keep their records (a later session goes on from them)
         if args.records and (out / "records").is_dir():  # the committed copy: every record this output folder holds
             import shutil
