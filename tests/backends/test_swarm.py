@@ -270,6 +270,25 @@ def test_a_users_own_workload_is_shipped_to_the_nodes(swarm, runtime_image, tmp_
 
 @pytest.mark.docker
 @pytest.mark.slow
+def test_fedavg_rounds_with_compressed_deltas_run_on_swarm(swarm, runtime_image, tmp_path):
+    """A federated method on Swarm: FedAvg rounds of 3 sampled clients, 10 local steps each, top-k
+    deltas with error feedback up and delta pulls down; rounds traced and summed up as on the other
+    backends, the server's traffic read on its node."""
+    method = ("{name: topk, c: 0.1, error_feedback: true, rule: plain, pull: delta, local: {steps: 10}, "
+              "aggregation: {name: fedavg, sample: 3, deadline: 20s}}")
+    summary, run = run_scenario(SCENARIOS / "quickstart.yaml", tmp_path, backend="swarm", check_fidelity=False,
+                                overrides=[f"method={method}", "training.max_updates=8", "training.learning_rate=0.05", *QUICK[:2]])
+    assert summary["status"] == "completed" and summary["backend"] == "swarm" and summary["updates_applied"] == 8
+    assert summary["final_accuracy"] > 0.3  # ten classes: well above chance after a few rounds of local steps
+    applied = [r for r in read_jsonl(run / "rounds.jsonl") if r["applied"]]
+    assert [r["version"] for r in applied][:8] == list(range(1, 9))
+    assert all(r["participants"] == 3 for r in applied if r["dropped"] == 0)
+    assert summary["rounds"]["up_bytes_per_round"] > 0 and summary["rounds"]["down_bytes_per_round"] > 0
+    assert 0 < summary["ingress_payload_bytes"] < summary["ingress_wire_bytes"]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
 def test_links_and_cpu_quotas_measure_as_configured_on_swarm(swarm, runtime_image, tmp_path):
     summary, run = run_scenario(TEST_SCENARIOS / "docker-shaping.yaml", tmp_path, backend="swarm")
     assert summary["status"] == "completed"
