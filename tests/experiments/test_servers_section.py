@@ -47,6 +47,22 @@ def test_overlapping_rates_are_cant_tell_and_unsampled_cpu_is_not_invented():
     assert row.count("(3)") == 2 and "(4)" in row  # CPU from the three sampled runs only; rates from all four
 
 
+def test_one_seed_a_configuration_names_no_number_of_servers():
+    """The fast profile's one seed: differences are shown, untested, and the verdict is can't tell."""
+    records = _records({(ADACOMP, 1): [42.3], ("asgd", 1): [12.5], ("asgd:server.shards=2", 2): [13.9],
+                        ("asgd:server.shards=4", 4): [13.7]})
+    text = "\n".join(servers_table(records))
+    assert "Verdict: can't tell: 1 paired seed(s) a configuration, too few for a paired test" in text
+    assert "may match" not in text and "slower" not in text.split("Verdict:")[1]
+
+
+def test_the_fewest_servers_that_may_match_says_which_fewer_were_slower():
+    records = _records({(ADACOMP, 1): [100, 102, 98], ("asgd", 1): [50, 52, 49], ("asgd:server.shards=2", 2): [95, 110, 90]})
+    text = "\n".join(servers_table(records))
+    assert "with 2 servers (`asgd:server.shards=2`) dense ASGD was not shown slower" in text
+    assert "; with 1 server it was slower. The fewest servers that may match AdaComp: 2" in text
+
+
 def test_failed_runs_are_left_out_and_no_adacomp_says_so():
     records = [_record("asgd", 1, 50, 1), _record("asgd", 2, 0, 1, status="failed")]
     text = "\n".join(servers_table(records))

@@ -71,6 +71,10 @@ def servers_table(records: list[dict]) -> list[str]:
     return lines + ["", *_verdict(done)]
 
 
+def _count(servers: int) -> str:
+    return f"{servers} server{'' if servers == 1 else 's'}"
+
+
 def _verdict(done: list[dict]) -> list[str]:
     """Each dense configuration's update rate minus AdaComp's, paired by seed, Holm over the configurations."""
     adacomp = [r for r in done if r["summary"].get("compressor") == "adacomp" or r["label"].startswith("adacomp")]
@@ -95,7 +99,12 @@ def _verdict(done: list[dict]) -> list[str]:
         lines.append(f"- `{t['label']}` ({t['servers']} server(s)): {t['mean']:+,.1f}{spread} updates/s (n = {t['n']}), "
                      f"Holm p {p}: {said}")
     enough = next((t for t in tests if t["mean"] is not None and t["verdict"] != "B better"), None)
-    if enough is None:
+    slower = [t for t in tests if t["verdict"] == "B better" and enough is not None and t["servers"] < enough["servers"]]
+    if tests and all(t["p_holm"] is None for t in tests):
+        seeds = max((t["n"] or 0 for t in tests), default=0)
+        answer = (f"can't tell: {seeds} paired seed(s) a configuration, too few for a paired test (the paper profile runs 3); "
+                  "the differences above are not tested, and no number of servers is named.")
+    elif enough is None:
         most = max((t["servers"] for t in tests), default=0)
         answer = (f"dense ASGD with up to {most} servers updated the model more slowly than AdaComp on one (every "
                   f"configuration slower at the family's level): no number of servers up to {most} matched it; whether more "
@@ -105,8 +114,9 @@ def _verdict(done: list[dict]) -> list[str]:
                   f"(`{enough['label']}`), and more slowly with any fewer: {enough['servers']} server links and CPU quotas "
                   "against AdaComp's one, at the ingress and CPU above.")
     else:
-        answer = (f"with {enough['servers']} servers (`{enough['label']}`) dense ASGD was not shown slower than AdaComp on "
-                  "one, nor faster (can't tell at this number of seeds); with fewer it was slower. The fewest servers "
+        fewer = f"; with {', '.join(_count(t['servers']) for t in slower)} it was slower" if slower else ""
+        answer = (f"with {_count(enough['servers'])} (`{enough['label']}`) dense ASGD was not shown slower than AdaComp on "
+                  f"one, nor faster (can't tell at this number of seeds){fewer}. The fewest servers "
                   f"that may match AdaComp: {enough['servers']}, each a link and a CPU quota of its own.")
     return lines + ["", "Verdict: " + answer]
 
