@@ -63,6 +63,15 @@ def test_the_fewest_servers_that_may_match_says_which_fewer_were_slower():
     assert "; with 1 server it was slower. The fewest servers that may match AdaComp: 2" in text
 
 
+def test_a_configuration_with_one_paired_seed_is_left_out_of_the_verdict_and_named():
+    records = _records({(ADACOMP, 1): [100, 102, 98], ("asgd", 1): [50, 52, 49], ("asgd:server.shards=4", 4): [130, 135, 128]})
+    records.append(_record("asgd:server.shards=2", 1, 99, 2))  # its other seeds failed: one pair, no test
+    text = "\n".join(servers_table(records)).split("Verdict: ")[1]
+    assert text.startswith("dense ASGD updated the model faster than AdaComp on one with 4 servers (`asgd:server.shards=4`), "
+                           "and more slowly with 1 server:")
+    assert "Not tested, fewer than two paired seeds: `asgd:server.shards=2` (n = 1)" in text
+
+
 def test_failed_runs_are_left_out_and_no_adacomp_says_so():
     records = [_record("asgd", 1, 50, 1), _record("asgd", 2, 0, 1, status="failed")]
     text = "\n".join(servers_table(records))

@@ -98,26 +98,32 @@ def _verdict(done: list[dict]) -> list[str]:
         p = "-" if t["p_holm"] is None else f"{t['p_holm']:.3g}"
         lines.append(f"- `{t['label']}` ({t['servers']} server(s)): {t['mean']:+,.1f}{spread} updates/s (n = {t['n']}), "
                      f"Holm p {p}: {said}")
-    enough = next((t for t in tests if t["mean"] is not None and t["verdict"] != "B better"), None)
-    slower = [t for t in tests if t["verdict"] == "B better" and enough is not None and t["servers"] < enough["servers"]]
-    if tests and all(t["p_holm"] is None for t in tests):
+    tested = [t for t in tests if t["p_holm"] is not None]  # two or more paired seeds
+    untested = [t for t in tests if t["mean"] is not None and t["p_holm"] is None]
+    enough = next((t for t in tested if t["verdict"] != "B better"), None)
+    slower = [_count(t["servers"]) for t in tested if t["verdict"] == "B better" and enough and t["servers"] < enough["servers"]]
+    if not tested:
         seeds = max((t["n"] or 0 for t in tests), default=0)
         answer = (f"can't tell: {seeds} paired seed(s) a configuration, too few for a paired test (the paper profile runs 3); "
                   "the differences above are not tested, and no number of servers is named.")
     elif enough is None:
-        most = max((t["servers"] for t in tests), default=0)
+        most = max((t["servers"] for t in tested), default=0)
         answer = (f"dense ASGD with up to {most} servers updated the model more slowly than AdaComp on one (every "
                   f"configuration slower at the family's level): no number of servers up to {most} matched it; whether more "
                   "would, these runs do not say (where each added server bought, the table above shows).")
     elif enough["verdict"] == "A better":
+        fewer = f", and more slowly with {', '.join(slower)}" if slower else ""
         answer = (f"dense ASGD updated the model faster than AdaComp on one with {enough['servers']} servers "
-                  f"(`{enough['label']}`), and more slowly with any fewer: {enough['servers']} server links and CPU quotas "
+                  f"(`{enough['label']}`){fewer}: {enough['servers']} server links and CPU quotas "
                   "against AdaComp's one, at the ingress and CPU above.")
     else:
-        fewer = f"; with {', '.join(_count(t['servers']) for t in slower)} it was slower" if slower else ""
+        fewer = f"; with {', '.join(slower)} it was slower" if slower else ""
         answer = (f"with {_count(enough['servers'])} (`{enough['label']}`) dense ASGD was not shown slower than AdaComp on "
                   f"one, nor faster (can't tell at this number of seeds){fewer}. The fewest servers "
                   f"that may match AdaComp: {enough['servers']}, each a link and a CPU quota of its own.")
+    if tested and untested:
+        answer += (" Not tested, fewer than two paired seeds: " + ", ".join(f"`{t['label']}` (n = {t['n']})" for t in untested)
+                   + "; the verdict leaves them out.")
     return lines + ["", "Verdict: " + answer]
 
 
