@@ -201,6 +201,12 @@ def test_without_the_grids_runs_the_steps_are_chosen_from_its_records(tmp_path):
         write_record(record_path(tmp_path / "records", "alphas", row["run_id"]),
                      {"experiment": "alphas", "run_id": row["run_id"], "row": row})
     assert best_alphas(profile, tmp_path) == {"asgd": 0.005}  # 0.02 failed once: not every repetition trained
+    # an interrupted grid run here (one run of four) does not hide the whole grid its records hold
+    (tmp_path / "runs" / "alphas" / "00").mkdir(parents=True)
+    (tmp_path / "runs" / "alphas" / "00" / "summary.json").write_text(json.dumps({"status": "completed"}))
+    (tmp_path / "runs" / "alphas" / "compare.json").write_text(json.dumps({"methods": [
+        {"method": with_alpha("asgd", 0.02), "run_id": "00", "outcome": "ok", "final_accuracy": 0.9}]}))
+    assert best_alphas(replace(profile, alpha_repeat=2), tmp_path) == {"asgd": 0.005}
 
 
 def test_a_record_keeps_its_commit_only_for_the_run_it_was_made_from(tmp_path):

@@ -402,7 +402,8 @@ def steps_section(name: str, records: list[dict], out: Path, styles) -> Section:
     grids = {method: tuple(sorted(set(alphas), reverse=True)) for method, alphas in grids.items()}
     rows = [r["row"] for r in records]
     asked = [int(m.group(1)) for r in records for m in [re.search(r"--repeat (\d+)", r["provenance"].get("command") or "")] if m]
-    repeat = max([*asked, *(sum(r["method"] == steps.with_alpha(m, a) for r in rows) for m, grid in grids.items() for a in grid)])
+    repeat = max([*asked, *(sum(r["method"] == steps.with_alpha(m, a) for r in rows) for m, grid in grids.items() for a in grid)],
+                 default=1)
     choices = steps.choose(rows, grids, failed=lambda row: row.get("status") != "completed", repeat=repeat)
     lines = ["| method | step: final accuracy (runs that trained) | chosen |", "|---|---|---|"]
     for method, grid in grids.items():
@@ -412,7 +413,7 @@ def steps_section(name: str, records: list[dict], out: Path, styles) -> Section:
                      f"The rule `make figures` applies: a step qualifies when every one of its runs completed and trained; the "
                      f"best mean final accuracy among those, ties to the larger step; a choice at either end of the grid is "
                      f"marked. The grid as its records hold it, {repeat} run(s) a step; while a step has fewer, nothing is "
-                     f"chosen.", "", *lines]
+                     f"chosen (a step of the profile's grid with no record yet does not show here).", "", *lines]
     return section
 
 

@@ -88,20 +88,18 @@ def best_alphas(profile, out) -> dict[str, float]:
     """Per method of the profile's step grids, its chosen step (:func:`choose`: every
     repetition trained, best mean final accuracy, ties to the larger step); a method none of
     whose steps trained in every repetition, or whose grid is not all run yet, is left out. From the grid's runs under ``out`` when
-    they are there, else from its records (``<out>/records/alphas``: the committed ones, which the
+    they are there and whole, else from its records (``<out>/records/alphas``: the committed ones, which the
     driver copies in from ``--records``), so a later session's experiments build on a grid run
     in an earlier one on another machine."""
     if not profile.step_grids():
         return {}
     path = out / "runs" / "alphas" / "compare.json"
-    if path.exists():
-        picked = choices(profile, json.loads(path.read_text())["methods"], path.parent)
-    else:
+    picked = choices(profile, json.loads(path.read_text())["methods"], path.parent) if path.exists() else {}
+    if not picked or any(c.missing for c in picked.values()):  # no grid run here, or an interrupted one: the records may hold it all
         records = experiment_records(out / "records", "alphas")
-        if not records:
-            return {}
-        picked = choose([r["row"] for r in records], profile.step_grids(), failed=lambda row: row.get("status") != "completed",
-                        repeat=profile.alpha_repeat)
+        if records:
+            picked = choose([r["row"] for r in records], profile.step_grids(), failed=lambda row: row.get("status") != "completed",
+                            repeat=profile.alpha_repeat)
     return {m: c.alpha for m, c in picked.items() if c.alpha is not None}
 
 
