@@ -52,11 +52,7 @@ def alphas_experiment(profile: Profile, out: Path, backend: str, dataset: str, s
     rows = result["table"]["methods"]
     choices = steps.choices(profile, rows, directory)
     failures = comparison_failures(result, "alpha grid")
-    lines = ["| method | step: final accuracy (runs that trained) | chosen |", "|---|---|---|"]
-    for method, grid in grids.items():
-        choice = choices[method]
-        cells = "; ".join(f"{alpha:g}: {steps.score_cell(choice.scores[alpha])}" for alpha in grid)
-        lines.append(f"| {method} | {cells} | {choice.verdict} |")
+    lines = steps.choice_table(grids, choices)
     body = [f"Each method at each step of its own grid, {profile.alpha_repeat} paired seed(s), on the devices and for the "
             "length of the methods comparison: final accuracy is the mean of each run's last evaluations, over the runs "
             "that trained. A step is chosen only if every repetition at it trained; the best such step, ties to the "

@@ -383,9 +383,6 @@ def servers_section(name: str, records: list[dict], out: Path, styles) -> Sectio
     return section
 
 
-STEP = ":training.learning_rate="
-
-
 def steps_section(name: str, records: list[dict], out: Path, styles) -> Section:
     """A step-size grid's comparison, then the step it chose per method (:func:`.steps.choose`, the
     rule ``make figures`` applies). The grid is what its records hold: each method's steps, and as
@@ -394,26 +391,18 @@ def steps_section(name: str, records: list[dict], out: Path, styles) -> Section:
     from emulator.experiments.paper import steps
 
     section = compare_section(name, records, out, styles)
-    grids: dict[str, list[float]] = {}
-    for record in records:
-        method, _, alpha = record["label"].partition(STEP)
-        if alpha:
-            grids.setdefault(method, []).append(float(alpha))
-    grids = {method: tuple(sorted(set(alphas), reverse=True)) for method, alphas in grids.items()}
+    grids = steps.grids_of(r["label"] for r in records)
     rows = [r["row"] for r in records]
     asked = [int(m.group(1)) for r in records for m in [re.search(r"--repeat (\d+)", r["provenance"].get("command") or "")] if m]
     repeat = max([*asked, *(sum(r["method"] == steps.with_alpha(m, a) for r in rows) for m, grid in grids.items() for a in grid)],
                  default=1)
     choices = steps.choose(rows, grids, failed=lambda row: row.get("status") != "completed", repeat=repeat)
-    lines = ["| method | step: final accuracy (runs that trained) | chosen |", "|---|---|---|"]
-    for method, grid in grids.items():
-        cells = "; ".join(f"{alpha:g}: {steps.score_cell(choices[method].scores[alpha])}" for alpha in grid)
-        lines.append(f"| `{method}` | {cells} | {choices[method].verdict} |")
     section.body += ["", "### Step chosen per method", "",
                      f"The rule `make figures` applies: a step qualifies when every one of its runs completed and trained; the "
                      f"best mean final accuracy among those, ties to the larger step; a choice at either end of the grid is "
                      f"marked. The grid as its records hold it, {repeat} run(s) a step; while a step has fewer, nothing is "
-                     f"chosen (a step of the profile's grid with no record yet does not show here).", "", *lines]
+                     f"chosen (a step of the profile's grid with no record yet does not show here).", "",
+                     *steps.choice_table(grids, choices)]
     return section
 
 

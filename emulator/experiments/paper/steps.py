@@ -24,9 +24,23 @@ from emulator.experiments.paper.runner import row_failure
 from emulator.experiments.records import experiment_records
 
 
+STEP = ":training.learning_rate="
+
+
 def with_alpha(method: str, alpha: float) -> str:
     """A method spec at step size ``alpha`` (``adacomp:c=0.01`` -> ``adacomp:c=0.01:training.learning_rate=0.02``)."""
-    return f"{method}:training.learning_rate={alpha:g}"
+    return f"{method}{STEP}{alpha:g}"
+
+
+def grids_of(specs) -> dict[str, tuple[float, ...]]:
+    """The grids that method specs at their steps (:func:`with_alpha`) cover: per method, its steps,
+    largest first; a spec without a step is none of them."""
+    grids: dict[str, set[float]] = {}
+    for spec in specs:
+        method, _, alpha = spec.partition(STEP)
+        if alpha:
+            grids.setdefault(method, set()).add(float(alpha))
+    return {method: tuple(sorted(alphas, reverse=True)) for method, alphas in grids.items()}
 
 
 def grid_specs(grids: dict[str, tuple[float, ...]]) -> list[str]:
@@ -107,10 +121,19 @@ def choices(profile, rows: list[dict], directory: Path) -> dict[str, Choice]:
     return choose(rows, profile.step_grids(), failed=lambda row: row_failure(directory, row) is not None, repeat=profile.alpha_repeat)
 
 
+def choice_table(grids: dict[str, tuple[float, ...]], picked: dict[str, Choice]) -> list[str]:
+    """Per method, what each step of its grid scored and the step chosen (markdown)."""
+    lines = ["| method | step: final accuracy (runs that trained) | chosen |", "|---|---|---|"]
+    for method, grid in grids.items():
+        cells = "; ".join(f"{alpha:g}: {score_cell(picked[method].scores[alpha])}" for alpha in grid)
+        lines.append(f"| `{method}` | {cells} | {picked[method].verdict} |")
+    return lines
+
+
 def score_cell(score: dict) -> str:
     """``0.812 (2 of 2 trained)``, ``- (0 of 2 trained)``."""
     accuracy = "-" if score["accuracy"] is None else f"{score['accuracy']:.3f}"
     return f"{accuracy} ({score['trained']} of {score['runs']} trained)"
 
 
-__all__ = ["Choice", "best_alphas", "choices", "choose", "grid_specs", "score_cell", "with_alpha"]
+__all__ = ["Choice", "best_alphas", "choice_table", "choices", "choose", "grid_specs", "grids_of", "score_cell", "with_alpha"]
