@@ -202,3 +202,31 @@ def test_the_container_calibration_table_is_printed_from_the_committed_file():
     assert [line.split(" | ")[0] for line in lines if line.startswith("| de")] == ["| delta", "| dense"]
     assert sum(line.startswith("- in process") for line in lines) == 2
     assert "\n".join(lines) in (ROOT / "docs" / "VIRTUAL_TIME.md").read_text()
+
+
+def test_the_server_breakdown_times_every_stage_of_the_servers_own_calls_and_leaves_the_server_as_it_was():
+    """benchmarks.breakdown wraps the calls a connection thread makes (push, pull, trace): every
+    stage is reached, the updates are applied as the server applies them, and the wrappers go."""
+    import compression
+    from benchmarks import breakdown
+    from benchmarks.common import cnn_layout, realistic_gradient
+    from emulator.runtime import downlink
+
+    layout = cnn_layout()
+    topk = compression.build("topk", {"c": 0.01}, layout, 0)
+    messages = []
+    for seed in range(6):
+        flat = realistic_gradient(layout, seed)
+        messages.append(compression.encode(topk.compress([flat[o:o + n] for o, n in zip(layout.offsets, layout.sizes)]), layout))
+    functions = (compression.decode_flat, compression.decode, downlink.prepare, downlink.finish)
+    result = breakdown.in_process(messages, workers=3, updates=40)  # numpy's loops: decode, not decode_flat, is what runs
+    assert (compression.decode_flat, compression.decode, downlink.prepare, downlink.finish) == functions  # restored
+    assert set(result["stages_us"]) == {name for name, _ in breakdown.STAGES}
+    assert all(us > 0 for us in result["stages_us"].values()), result["stages_us"]
+    assert sum(result["stages_us"].values()) < result["us_per_update"]
+    lines = breakdown.markdown({"kernels": "numpy", "update_pool": "6 synthetic pushes", "pushers": 3, "in_process": result,
+                                "server_process": {"updates_per_s": 1.0, "us_per_update": 2 * result["us_per_update"],
+                                                   "request_bytes": 1, "reply_bytes": 1, "loops": "numpy"},
+                                "exchange_floor": {"exchanges_per_s": 1.0, "us_per_exchange": 1.0},
+                                "socket_path_us": result["us_per_update"]})
+    assert sum(line.startswith("| ") for line in lines) == len(breakdown.STAGES) + 5
