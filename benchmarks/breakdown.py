@@ -150,7 +150,7 @@ def markdown(result: dict) -> list[str]:
     lines += [f"| Python between the stages (locks, counters, the reply's fields) | {inside['glue_us']} | {inside['glue_us'] / total:.0%} |",
               f"| **in process, all of it** ({inside['updates']:,} updates) | {inside['us_per_update']:.1f} | "
               f"{inside['us_per_update'] / total:.0%} |",
-              f"| the socket path (server process less in process) | {result['socket_path_us']} | {result['socket_path_us'] / total:.0%} |",
+              f"| the socket path and what {result['pushers']} connection threads add (locks, the GIL, shared caches): server process less in process | {result['socket_path_us']} | {result['socket_path_us'] / total:.0%} |",
               f"| **server process** ({served['updates_per_s']:,} updates/s, {served['request_bytes']:,} B pushed, "
               f"{served['reply_bytes']:,} B replied) | {total} | 100% |",
               "",
