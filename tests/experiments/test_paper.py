@@ -372,3 +372,53 @@ def test_a_comparison_whose_runs_are_all_recorded_is_read_not_run(tmp_path, monk
     assert result["runs"] == {"runs": 4, "reused": 4, "run_seconds": 120.0}
     assert [a["method"] for a in result["table"]["aggregate"]] == methods and comparison_failures(result, "x") == []
     assert [r["final_accuracy"] for r in result["table"]["methods"]] == [0.5, 0.51, 0.52, 0.53]
+
+
+def test_the_methods_comparison_goes_on_from_its_records_with_their_authors_bytes_and_curves(tmp_path, monkeypatch):
+    """The methods comparison (27 runs, longer than a sitting) is recorded run by run: a run an
+    earlier sitting recorded is read, not run; its authors'-format bytes and its curves come from
+    its record, so the section and the figures hold every run."""
+    import dataclasses
+
+    import numpy as np
+
+    import analysis.byte_bases
+    import emulator.control.controller
+    from compression.layout import Layout, TensorSpec
+    from emulator.experiments.compare import plan_comparison
+    from emulator.experiments.paper.experiments import methods_experiment
+    from emulator.experiments.paper.profiles import PAPER, PROFILES
+    from emulator.experiments.records import record_path, write_record
+
+    class NoRun:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("a recorded run was run again")
+
+    monkeypatch.setattr(emulator.control.controller, "Emulation", NoRun)
+    layout = Layout((TensorSpec("k", (4, 8)), TensorSpec("bias", (8,))))
+    grads = [np.linspace(-1, 1, 32, dtype=np.float32), np.linspace(-1, 1, 8, dtype=np.float32)]
+    monkeypatch.setattr(analysis.byte_bases, "real_gradient", lambda dataset: (layout, grads))
+    profile = dataclasses.replace(PROFILES["smoke"], repeat=2)
+    sizes = {"asgd": 5_000, "adacomp:c=0.01": None}  # the second method's records predate the authors' bytes: computed from its plan
+    plans = {"asgd": {"compressor": "dense", "params": {}}, "adacomp:c=0.01": {"compressor": "topk", "params": {"c": 0.01}}}
+    for i, run in enumerate(plan_comparison(PAPER / "methods.yaml", list(profile.methods), profile.overrides("methods", "digits"), 2)):
+        label, accuracy = run.spec.label, 0.5 + 0.01 * i
+        row = {"method": label, "run_id": run.run_id, "status": "completed", "outcome": "ok",
+               "compressor": plans[label]["compressor"], "rule": "plain" if label == "asgd" else "adacomp",
+               "final_accuracy": accuracy, "bytes_per_update": 1000.0 if label == "asgd" else 100.0,
+               "ingress_payload_bytes": 30_000.0, "updates": 30}
+        write_record(record_path(tmp_path / "records", "methods", run.run_id),
+                     {"experiment": "methods", "label": label, "run_id": run.run_id, "plan_digest": run.plan_digest,
+                      "repeat": run.repeat, "seed": run.seed, "row": row, "summary": {"boot_s": 10.0, "duration_s": 20.0},
+                      "plan": {"method": plans[label]}, "staleness": {"d_histogram": {"0": 20, "1": 10}},
+                      **({"authors_bytes_per_update": sizes[label]} if sizes[label] else {}),
+                      "evaluations": {"version": [0, 30], "model_time_s": [0.0, 20.0], "bytes": [0, 30_000],
+                                      "accuracy": [0.1, accuracy], "time_s": [0.0, 20.0]}})
+    section = methods_experiment(profile, tmp_path, "local", "digits", lambda _: None)
+    assert section.runs == [{"runs": 4, "reused": 4, "run_seconds": 120.0}]
+    text = "\n".join(section.body)
+    assert "| asgd | 1,000 | 1.0x | 5,000 | 1.0x |" in text  # the recorded authors' bytes
+    assert "| adacomp:c=0.01 | 100 | 10.0x | 151 | 33.1x |" in text  # from the plan its records keep
+    assert "FAILED" not in text
+    assert {"accuracy_vs_updates.png", "accuracy_vs_ingress.png", "staleness.png"} <= set(section.images)
+    assert all((tmp_path / image).stat().st_size > 5_000 for image in section.images)  # drawn from the records

@@ -27,10 +27,9 @@ from emulator.experiments.paper.runner import (
     run_comparison,
     run_failure,
     run_sweep_into,
-    write_comparison_records,
 )
 from emulator.experiments.paper.tables import (
-    authors_bytes_per_update,
+    authors_bytes,
     fmt,
     interval_cell,
     methods_section,
@@ -65,17 +64,30 @@ def methods_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
 
     specs = list(profile.methods)
     specs += [with_alpha(m, a) for m, a in best_alphas(profile, out).items() if a != 0.1 and with_alpha(m, a) not in specs]
-    methods = run_comparison("methods", specs, profile.overrides("methods", dataset), profile.repeat, out, backend, say)
     layout, grads = real_gradient(dataset)
-    authors = authors_bytes_per_update(methods["table"]["methods"], Path(methods["directory"]), layout, grads)
-    write_comparison_records(methods, out, {label: {"authors_bytes_per_update": size} for label, size in authors.items() if size})
+
+    def authors_of(run_dir: Path) -> dict:  # each run's record carries its push's size in the authors' format
+        plan = run_dir / "plan.json"
+        size = authors_bytes(json.loads(plan.read_text()).get("method", {}), layout, grads) if plan.exists() else None
+        return {"authors_bytes_per_update": size} if size else {}
+
+    # Each run is recorded as it ends and a run with a record is not made again: the 27 runs may take several sittings.
+    methods = run_comparison("methods", specs, profile.overrides("methods", dataset), profile.repeat, out, backend, say,
+                             from_records=True, record_extra=authors_of)
+    labels = {row["method"] for row in methods["table"]["methods"]}
+    authors: dict[str, int | None] = {}  # per method: as its records say, else from the plan a record keeps
+    for record in experiment_records(out / "records", "methods"):
+        if record["label"] in labels and not authors.get(record["label"]):
+            authors[record["label"]] = (record.get("authors_bytes_per_update")
+                                        or authors_bytes(record.get("plan", {}).get("method", {}), layout, grads))
     if methods["repeat"] > 1:
         body, failures = repeated_methods_section(methods, authors)
     else:
         body, failures = methods_section(methods, authors)
     body += ["", "The authors' format is their released code's message, a Python 2 pickle, for one push of the same "
              "method on a real batch-10 gradient (section below); its totals count each run's applied updates at that size."]
-    return Section("Accuracy and bytes per method", body, method_figures(methods, out), methods["command"], failures,
+    return Section("Accuracy and bytes per method", body, method_figures(methods, out, experiment_records(out / "records", "methods")),
+                   methods["command"], failures,
                    runs=[methods["runs"]])
 
 

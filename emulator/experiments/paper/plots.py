@@ -8,29 +8,40 @@ from pathlib import Path
 from analysis import figures
 from analysis.runs import accuracy_with_ingress, load_run, worker_shares
 
+from emulator.experiments.paper.regenerate import accuracy_table, staleness_rows
 from emulator.experiments.paper.tables import dense_reference
 
 
-def method_figures(methods: dict, out: Path) -> list[str]:
+def method_figures(methods: dict, out: Path, records: list[dict] = ()) -> list[str]:
+    """The methods comparison's figures, each run drawn from its directory, or from its record
+    (``records``) where it was read from one (a run made in an earlier sitting)."""
     directory = Path(methods["directory"])
-    runs: dict[str, list] = {}  # method -> its runs (repetitions: drawn as a mean and a band)
+    recorded = {r["run_id"]: r for r in records}
+    acc: dict[str, list] = {}  # method -> its runs' curves (repetitions: drawn as a mean and a band)
+    ingress: dict[str, list] = {}
+    updates: dict[str, list] = {}
     for row in methods["table"]["methods"]:
+        label = row["method"]
         if (directory / row["run_id"] / "summary.json").exists():
-            runs.setdefault(row["method"], []).append(load_run(directory / row["run_id"]))
-
-    def marked(table, run):  # the figures draw a diverged or dead run apart, to its last evaluation
-        table.attrs["outcome"] = run.summary.get("outcome") or ("diverged" if run.summary.get("diverged") else None)
-        return table
-
-    acc = {label: [marked(run.accuracy.copy(), run) for run in group] for label, group in runs.items()}
-    ingress = {label: [marked(accuracy_with_ingress(run.accuracy, run.updates), run) for run in group]
-               for label, group in runs.items()}
-    styles = figures.Styles(list(runs))
+            run = load_run(directory / row["run_id"])
+            outcome = run.summary.get("outcome") or ("diverged" if run.summary.get("diverged") else None)
+            curves = (run.accuracy.copy(), accuracy_with_ingress(run.accuracy, run.updates), run.updates)
+        elif row["run_id"] in recorded:
+            record = recorded[row["run_id"]]
+            outcome, table = record["row"].get("outcome"), accuracy_table(record)
+            curves = (table, table, staleness_rows(record))
+        else:
+            continue
+        for into, curve in zip((acc, ingress, updates), curves):
+            if into is not updates:
+                curve.attrs["outcome"] = outcome  # the figures draw a diverged or dead run apart, to its last evaluation
+            into.setdefault(label, []).append(curve)
+    styles = figures.Styles(list(acc))
     made = []
     for name, fig in (("accuracy_vs_updates", figures.accuracy_vs_updates(acc, styles)),
                       ("accuracy_vs_time", figures.accuracy_vs_time(acc, styles)),
                       ("accuracy_vs_ingress", figures.accuracy_vs_ingress(ingress, styles)),
-                      ("staleness", figures.staleness_histogram({label: [run.updates for run in group] for label, group in runs.items()})),
+                      ("staleness", figures.staleness_histogram(updates)),
                       ("bytes_per_method", bytes_figure(methods["table"]["methods"]))):
         if fig is not None:
             figures.save(fig, out / f"{name}.png")

@@ -113,6 +113,14 @@ def accuracy_table(record: dict) -> pd.DataFrame:
     return table
 
 
+def staleness_rows(record: dict) -> pd.DataFrame:
+    """A record's staleness histogram as the applied updates' ``staleness`` column (as
+    :func:`analysis.figures.staleness_histogram` reads a run's updates)."""
+    histogram = record.get("staleness", {}).get("d_histogram", {})
+    values = np.repeat(np.array([float(k) for k in histogram], float), [int(c) for c in histogram.values()])
+    return pd.DataFrame({"staleness": values})
+
+
 def compare_section(name: str, records: list[dict], out: Path, styles) -> Section:
     from emulator.experiments.compare import render_markdown, report_of
 
@@ -416,4 +424,4 @@ def renderer(name: str, records: list[dict]):
     return OWN_RENDERERS.get(name) or OWN_RENDERERS.get(name.split("/")[0].split("-")[0]) or RENDERERS[records[0]["kind"]]
 
 
-__all__ = ["OWN_RENDERERS", "RENDERERS", "accuracy_table", "regenerate"]
+__all__ = ["OWN_RENDERERS", "RENDERERS", "accuracy_table", "regenerate", "staleness_rows"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 from emulator.experiments.paper.profiles import PAPER, ROOT
 from emulator.experiments.records import (clean, compare_rows, experiment_records, make_record, read_record, record_path, run_seconds,
@@ -25,7 +26,7 @@ def _options(backend: str, overrides: list[str], repeat: int) -> list[str]:
 
 
 def run_comparison(name: str, methods: list[str], overrides: list[str], repeat: int, out: Path, backend: str, say,
-                   from_records: bool = False) -> dict:
+                   from_records: bool = False, record_extra: Callable[[Path], dict] | None = None) -> dict:
     """``emulate compare`` of the paper's methods scenario into ``<out>/runs/<name>``: a rerun reuses
     every run that finished there (an interrupted `make figures` resumes). Each run's compact
     record goes to ``<out>/records/<name>/`` (:func:`write_comparison_records`).
@@ -34,7 +35,8 @@ def run_comparison(name: str, methods: list[str], overrides: list[str], repeat: 
     session, on any machine: the driver copies ``--records`` in) is read from it, not run again,
     and each run made here is recorded as soon as it ends; a comparison longer than a sitting so
     goes on in the next one. Only for experiments whose sections read the comparison's table and
-    records, not its run directories."""
+    records, not its run directories. ``record_extra(run_dir)``: facts each run's record adds to
+    what its directory holds (the authors'-format bytes of its push)."""
     from emulator.experiments.compare import compare
 
     directory = out / "runs" / name
@@ -48,14 +50,15 @@ def run_comparison(name: str, methods: list[str], overrides: list[str], repeat: 
                  for r, row in zip(records, compare_rows(records)) if r.get("plan_digest")}
 
         def after(run, run_dir: Path) -> None:
-            write_run_record(out, name, run_dir, run.spec.label, run.repeat, run.repeat * 1000, command, commit())
+            write_run_record(out, name, run_dir, run.spec.label, run.repeat, run.repeat * 1000, command, commit(),
+                             record_extra(run_dir) if record_extra else None)
 
     compare(PAPER / "methods.yaml", methods, out / "runs", backend=backend, overrides=overrides, say=say,
             repeat=repeat, directory=directory, known=known, after_run=after)
     result = {"name": name, "directory": str(directory), "command": command, "repeat": repeat,
               "table": json.loads((directory / "compare.json").read_text())}
     result["runs"] = run_counts(directory, result["table"]["methods"], before)
-    write_comparison_records(result, out)
+    write_comparison_records(result, out, record_extra)
     return result
 
 
@@ -108,15 +111,15 @@ def keep_commit(path: Path, fresh: str | None, run_dir: Path | None = None) -> s
     return fresh
 
 
-def write_comparison_records(result: dict, out: Path, extra: dict[str, dict] | None = None) -> list[Path]:
-    """One record per run of a :func:`run_comparison` under ``<out>/records/<name>/`` (``extra``: per
-    method label, facts to add, such as the authors'-format bytes of its push). Runs without a
-    summary (never finished, or read from their records) get none new."""
+def write_comparison_records(result: dict, out: Path, extra: Callable[[Path], dict] | None = None) -> list[Path]:
+    """One record per run of a :func:`run_comparison` under ``<out>/records/<name>/`` (``extra(run_dir)``:
+    facts to add, such as the authors'-format bytes of its push). Runs without a summary (never
+    finished, or read from their records) get none new."""
     directory, fresh = Path(result["directory"]), commit()  # one git call for the comparison, not two a record
     labels = list(dict.fromkeys(row["method"] for row in result["table"]["methods"]))
     return [write_run_record(out, result["name"], directory / row["run_id"], row["method"], row.get("repeat", 0),
                              row.get("repeat", 0) * 1000 + labels.index(row["method"]), result["command"], fresh,
-                             (extra or {}).get(row["method"]))
+                             extra(directory / row["run_id"]) if extra else None)
             for row in result["table"]["methods"] if (directory / row["run_id"] / "summary.json").exists()]
 
 

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from emulator.control.summary import flag
-from emulator.experiments.paper.runner import comparison_failures, run_failure, sweep_failures
+from emulator.experiments.paper.runner import comparison_failures, row_failure, sweep_failures
 
 
 def bytes_to_reach(curve: list[dict], accuracy: float) -> float | None:
@@ -57,26 +57,21 @@ def fmt_bytes(value) -> str:
     return fmt(value, ",.0f")
 
 
-def authors_bytes_per_update(rows: list[dict], directory: Path, layout, grads) -> dict[str, int | None]:
-    """Per method, the bytes of one push in the authors' own format (their pickled messages, see
-    analysis.byte_bases) for the same update: dense and top-k methods only."""
+def authors_bytes(method: dict, layout, grads) -> int | None:
+    """The bytes of one push in the authors' own format (their pickled messages, see
+    analysis.byte_bases) for the same update, by a plan's ``method`` section: dense and top-k
+    methods without error feedback; None for the others."""
     from analysis.byte_bases import AUTHORS_FRAME, authors_dense_message, authors_sparse_message
     from compression.topk import keep_count, top_magnitude
 
     names = [t.name for t in layout.tensors]
-    out: dict[str, int | None] = {}
-    for row in rows:
-        plan_file = directory / row["run_id"] / "plan.json"
-        method = json.loads(plan_file.read_text()).get("method", {}) if plan_file.exists() else {}
-        size = None
-        if method.get("compressor") == "dense":
-            size = AUTHORS_FRAME + len(authors_dense_message(names, grads, 50_000))
-        elif method.get("compressor") == "topk" and not method.get("error_feedback"):
-            c = float(method.get("params", {}).get("c", 0.01))
-            kept = [top_magnitude(g, keep_count(g.size, c)) for g in grads]
-            size = AUTHORS_FRAME + len(authors_sparse_message(names, kept, [g[i] for g, i in zip(grads, kept)], 50_000))
-        out[row["method"]] = size
-    return out
+    if method.get("compressor") == "dense":
+        return AUTHORS_FRAME + len(authors_dense_message(names, grads, 50_000))
+    if method.get("compressor") == "topk" and not method.get("error_feedback"):
+        c = float(method.get("params", {}).get("c", 0.01))
+        kept = [top_magnitude(g, keep_count(g.size, c)) for g in grads]
+        return AUTHORS_FRAME + len(authors_sparse_message(names, kept, [g[i] for g, i in zip(grads, kept)], 50_000))
+    return None
 
 
 def methods_section(methods: dict, authors: dict[str, int | None] | None = None) -> tuple[list[str], list[str]]:
@@ -94,7 +89,7 @@ def methods_section(methods: dict, authors: dict[str, int | None] | None = None)
     directory = Path(methods["directory"])
     failures = []
     for row in rows:
-        failure = run_failure(directory / row["run_id"])
+        failure = row_failure(directory, row)
         if failure:
             failures.append(f"methods: {row['method']} ({row['run_id']}): {failure}")
             lines.append(f"| {row['method']} | **FAILED**: {failure} | | | | | | | | |".replace("\n", " "))
