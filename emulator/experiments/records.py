@@ -178,6 +178,28 @@ def experiment_records(folder: Path, experiment: str) -> list[dict]:
     return read_records(where) if where.is_dir() else []
 
 
+def accuracy_table(record: dict):
+    """A record's evaluations as :mod:`analysis.figures` draws them (a DataFrame), its outcome in ``attrs``."""
+    import pandas as pd
+
+    e = record["evaluations"]
+    table = pd.DataFrame({"version": e["version"], "model_time_s": e["model_time_s"], "accuracy": e["accuracy"],
+                          "ingress_bytes": e["bytes"]})
+    table.attrs["outcome"] = record["row"].get("outcome")
+    table.attrs["run"] = record["run_id"]
+    return table
+
+
+def staleness_rows(record: dict):
+    """A record's staleness histogram as the applied updates' ``staleness`` column (a DataFrame, as
+    :func:`analysis.figures.staleness_histogram` reads a run's updates)."""
+    import pandas as pd
+
+    histogram = record.get("staleness", {}).get("d_histogram", {})
+    values = np.repeat(np.array([float(k) for k in histogram], float), [int(c) for c in histogram.values()])
+    return pd.DataFrame({"staleness": values})
+
+
 def curve_of(record: dict) -> list[dict]:
     """The comparison's curve (version, cumulative bytes, accuracy, training time) of a record."""
     e = record["evaluations"]
@@ -199,5 +221,5 @@ def record_path(folder: Path, experiment: str, run_id: str) -> Path:
     return Path(folder) / experiment / f"{run_id}{SUFFIX}"
 
 
-__all__ = ["FORMAT", "SUFFIX", "clean", "compare_rows", "curve_of", "experiment_records", "make_record", "read_record", "read_records", "record_bytes", "record_path",
+__all__ = ["FORMAT", "SUFFIX", "accuracy_table", "clean", "compare_rows", "curve_of", "experiment_records", "make_record", "read_record", "read_records", "record_bytes", "record_path", "staleness_rows",
            "run_seconds", "staleness_record", "write_record"]

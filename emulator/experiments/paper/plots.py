@@ -8,8 +8,8 @@ from pathlib import Path
 from analysis import figures
 from analysis.runs import accuracy_with_ingress, load_run, worker_shares
 
-from emulator.experiments.paper.regenerate import accuracy_table, staleness_rows
 from emulator.experiments.paper.tables import dense_reference
+from emulator.experiments.records import accuracy_table, staleness_rows
 
 
 def method_figures(methods: dict, out: Path, records: list[dict] = ()) -> list[str]:

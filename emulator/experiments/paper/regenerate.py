@@ -28,7 +28,7 @@ import pandas as pd
 
 from analysis import figures
 from emulator.experiments.paper.results import Section
-from emulator.experiments.records import SUFFIX, compare_rows, curve_of, read_records, run_seconds
+from emulator.experiments.records import SUFFIX, accuracy_table, compare_rows, curve_of, read_records, run_seconds
 
 TITLE = "# Reproducing Hardy, Le Merrer and Sericola (NCA 2017): results regenerated from the run records"
 TITLES = {"servers": "Compression or more servers", "bytes": "Bytes per update on both bases", "alphas": "Step size per method", "methods": "Accuracy and bytes per method",
@@ -101,24 +101,6 @@ def _commands(records: list[dict]) -> str:
 
 
 # -- comparisons --------------------------------------------------------------------------
-
-
-def accuracy_table(record: dict) -> pd.DataFrame:
-    """A record's evaluations as :mod:`analysis.figures` draws them, its outcome in ``attrs``."""
-    e = record["evaluations"]
-    table = pd.DataFrame({"version": e["version"], "model_time_s": e["model_time_s"], "accuracy": e["accuracy"],
-                          "ingress_bytes": e["bytes"]})
-    table.attrs["outcome"] = record["row"].get("outcome")
-    table.attrs["run"] = record["run_id"]
-    return table
-
-
-def staleness_rows(record: dict) -> pd.DataFrame:
-    """A record's staleness histogram as the applied updates' ``staleness`` column (as
-    :func:`analysis.figures.staleness_histogram` reads a run's updates)."""
-    histogram = record.get("staleness", {}).get("d_histogram", {})
-    values = np.repeat(np.array([float(k) for k in histogram], float), [int(c) for c in histogram.values()])
-    return pd.DataFrame({"staleness": values})
 
 
 def compare_section(name: str, records: list[dict], out: Path, styles) -> Section:
@@ -424,4 +406,4 @@ def renderer(name: str, records: list[dict]):
     return OWN_RENDERERS.get(name) or OWN_RENDERERS.get(name.split("/")[0].split("-")[0]) or RENDERERS[records[0]["kind"]]
 
 
-__all__ = ["OWN_RENDERERS", "RENDERERS", "accuracy_table", "regenerate", "staleness_rows"]
+__all__ = ["OWN_RENDERERS", "RENDERERS", "regenerate"]
