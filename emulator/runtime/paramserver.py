@@ -291,7 +291,8 @@ class ParameterServer:
              max_wait_s: float = 0.0) -> tuple[downlink.Reply, bool]:
         """The model for ``worker``: whole, or for a delta connection (``holding``) what changed
         since the version it holds; and whether training is over."""
-        self.training.wait()
+        if not self.training.is_set():  # no lock once training runs
+            self.training.wait()
         with self.cond:
             if worker != protocol.NO_WORKER and not self.aggregator.admit(worker, self.clock()):
                 # not in this round's sample: wait for one that has this worker (or for the end)
