@@ -74,9 +74,9 @@ def methods_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
     # Each run is recorded as it ends and a run with a record is not made again: the 27 runs may take several sittings.
     methods = run_comparison("methods", specs, profile.overrides("methods", dataset), profile.repeat, out, backend, say,
                              from_records=True, record_extra=authors_of)
-    labels = {row["method"] for row in methods["table"]["methods"]}
+    labels, records = {row["method"] for row in methods["table"]["methods"]}, experiment_records(out / "records", "methods")
     authors: dict[str, int | None] = {}  # per method: as its records say, else from the plan a record keeps
-    for record in experiment_records(out / "records", "methods"):
+    for record in records:
         if record["label"] in labels and not authors.get(record["label"]):
             authors[record["label"]] = (record.get("authors_bytes_per_update")
                                         or authors_bytes(record.get("plan", {}).get("method", {}), layout, grads))
@@ -86,8 +86,7 @@ def methods_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
         body, failures = methods_section(methods, authors)
     body += ["", "The authors' format is their released code's message, a Python 2 pickle, for one push of the same "
              "method on a real batch-10 gradient (section below); its totals count each run's applied updates at that size."]
-    return Section("Accuracy and bytes per method", body, method_figures(methods, out, experiment_records(out / "records", "methods")),
-                   methods["command"], failures,
+    return Section("Accuracy and bytes per method", body, method_figures(methods, out, records), methods["command"], failures,
                    runs=[methods["runs"]])
 
 
