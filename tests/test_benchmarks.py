@@ -230,3 +230,14 @@ def test_the_server_breakdown_times_every_stage_of_the_servers_own_calls_and_lea
                                 "exchange_floor": {"exchanges_per_s": 1.0, "us_per_exchange": 1.0},
                                 "socket_path_us": result["us_per_update"]})
     assert sum(line.startswith("| ") for line in lines) == len(breakdown.STAGES) + 5
+
+
+def test_the_committed_server_breakdown_table_is_rendered_from_its_json():
+    """docs/performance/server-breakdown.md is what benchmarks.breakdown renders from the committed JSON beside it."""
+    from benchmarks import breakdown
+
+    folder = ROOT / "docs" / "performance"
+    result = json.loads((folder / "server-breakdown.json").read_text())
+    assert (folder / "server-breakdown.md").read_text() == "\n".join(breakdown.markdown(result)) + "\n"
+    inside = result["in_process"]
+    assert abs(sum(inside["stages_us"].values()) + inside["glue_us"] - inside["us_per_update"]) < 0.5  # the stages add up
