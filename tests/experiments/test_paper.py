@@ -422,3 +422,27 @@ def test_the_methods_comparison_goes_on_from_its_records_with_their_authors_byte
     assert "FAILED" not in text
     assert {"accuracy_vs_updates.png", "accuracy_vs_ingress.png", "staleness.png"} <= set(section.images)
     assert all((tmp_path / image).stat().st_size > 5_000 for image in section.images)  # drawn from the records
+
+
+def test_what_runs_at_the_chosen_steps_waits_for_the_whole_grid(tmp_path):
+    """With a step grid short of runs, methods, c191 and equal_step are not run at a guess: each
+    section fails, naming what the grid lacks and what to run."""
+    import dataclasses
+    import shutil
+
+    from emulator.experiments.paper.claims import c191_experiment, equal_step_experiment
+    from emulator.experiments.paper.experiments import methods_experiment
+    from emulator.experiments.paper.profiles import PROFILES
+    from emulator.experiments.paper.steps import unsettled
+
+    shutil.copytree(ROOT / "docs" / "reproduction" / "records" / "alphas", tmp_path / "records" / "alphas")
+    whole = dataclasses.replace(PROFILES["paper"], alpha_grids=(("asgd", (0.005, 0.002)),))  # both steps recorded at 2 seeds
+    assert unsettled(whole, tmp_path) is None
+    profile = dataclasses.replace(PROFILES["paper"], alpha_grids=(("asgd", (0.02, 0.005, 0.002)),))  # 0.02 never run
+    waiting = unsettled(profile, tmp_path)
+    assert waiting == "asgd: 2 run(s)"
+    for experiment, name in ((methods_experiment, "methods"), (c191_experiment, "c191"), (equal_step_experiment, "equal_step")):
+        section = experiment(profile, tmp_path, "docker", "fashion-mnist", lambda _: None)
+        assert section.failures == [f"{name}: not run, since the step-size grid is not complete ({waiting}); run "
+                                    "`make figures PROFILE=paper ONLY=alphas RECORDS=docs/reproduction/records` first"]
+        assert not (tmp_path / "runs").exists()  # nothing was run

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from analysis.outcomes import trained
 from emulator.experiments.paper.runner import row_failure
+from emulator.experiments.paper.results import Section
 from emulator.experiments.records import experiment_records
 
 
@@ -98,23 +99,43 @@ def _accuracy(row: dict) -> float | None:
     return row.get("final_accuracy") if value is None else value
 
 
-def best_alphas(profile, out) -> dict[str, float]:
-    """Per method of the profile's step grids, its chosen step (:func:`choose`: every
-    repetition trained, best mean final accuracy, ties to the larger step); a method none of
-    whose steps trained in every repetition, or whose grid is not all run yet, is left out. From the grid's runs under ``out`` when
-    they are there and whole, else from its records (``<out>/records/alphas``: the committed ones, which the
-    driver copies in from ``--records``), so a later session's experiments build on a grid run
-    in an earlier one on another machine."""
-    if not profile.step_grids():
+def step_choices(profile, out) -> dict[str, Choice]:
+    """Per method of the profile's step grids, its :class:`Choice` (:func:`choose`: every
+    repetition trained, best mean final accuracy, ties to the larger step; nothing while the grid
+    lacks runs). From the grid's runs under ``out`` when they are there and whole, else from its
+    records (``<out>/records/alphas``: the committed ones, which the driver copies in from
+    ``--records``), so a later session's experiments build on a grid run in an earlier one on
+    another machine."""
+    grids = profile.step_grids()
+    if not grids:
         return {}
     path = out / "runs" / "alphas" / "compare.json"
     picked = choices(profile, json.loads(path.read_text())["methods"], path.parent) if path.exists() else {}
     if not picked or any(c.missing for c in picked.values()):  # no grid run here, or an interrupted one: the records may hold it all
         records = experiment_records(out / "records", "alphas")
-        if records:
-            picked = choose([r["row"] for r in records], profile.step_grids(), failed=lambda row: row.get("status") != "completed",
-                            repeat=profile.alpha_repeat)
-    return {m: c.alpha for m, c in picked.items() if c.alpha is not None}
+        picked = choose([r["row"] for r in records], grids, failed=lambda row: row.get("status") != "completed",
+                        repeat=profile.alpha_repeat)
+    return picked
+
+
+def best_alphas(profile, out) -> dict[str, float]:
+    """Per method of the profile's step grids, its chosen step; a method none of whose steps
+    trained in every repetition, or whose grid is not all run yet, is left out."""
+    return {m: c.alpha for m, c in step_choices(profile, out).items() if c.alpha is not None}
+
+
+def unsettled(profile, out) -> str | None:
+    """What the step grids still lack (``asgd: 2 run(s)``, ...), or None once every method's step
+    is settled: the experiments that run at the chosen steps wait for it, not run at a guess."""
+    waiting = [f"{method}: {c.missing} run(s)" for method, c in step_choices(profile, out).items() if c.missing]
+    return "; ".join(waiting) or None
+
+
+def waiting_section(title: str, name: str, waiting: str) -> Section:
+    """The section of an experiment that runs at the chosen steps while the grid lacks runs: a failure, with what to run."""
+    why = (f"{name}: not run, since the step-size grid is not complete ({waiting}); run `make figures PROFILE=paper "
+           f"ONLY=alphas RECORDS=docs/reproduction/records` first")
+    return Section(title, [f"**FAILED** {why}."], [], "-", [why])
 
 
 def choices(profile, rows: list[dict], directory: Path) -> dict[str, Choice]:
