@@ -29,7 +29,7 @@ from emulator.experiments.paper import steps
 from emulator.experiments.paper.profiles import Profile
 from emulator.experiments.paper.results import Section
 from emulator.experiments.paper.runner import comparison_failures, run_comparison
-from emulator.experiments.paper.steps import best_alphas, unsettled, waiting_section, with_alpha
+from emulator.experiments.paper.steps import settled_steps, waiting_section, with_alpha
 
 
 @dataclass(frozen=True)
@@ -132,9 +132,10 @@ def claim6_experiment(profile: Profile, out: Path, backend: str, dataset: str, s
 
 
 def c191_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
-    if waiting := unsettled(profile, out):
+    best, waiting = settled_steps(profile, out)
+    if waiting:
         return waiting_section("Where 191x falls: accuracy at c = 0.16 % and 0.39 %", "c191", waiting)
-    planned = plan_c191(profile, dataset, best_alphas(profile, out))
+    planned = plan_c191(profile, dataset, best)
     if planned is None:
         return Section("Where 191x falls: accuracy at c = 0.16 % and 0.39 %", ["Not in this profile."], [], "-")
     intro = ("AdaComp and Comp-c at the c where 191x per update falls on each byte basis (the bytes section: about 0.16 % "
@@ -144,9 +145,10 @@ def c191_experiment(profile: Profile, out: Path, backend: str, dataset: str, say
 
 
 def equal_step_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
-    if waiting := unsettled(profile, out):
+    best, waiting = settled_steps(profile, out)
+    if waiting:
         return waiting_section("AdaComp against staleness-aware ASGD at equal steps", "equal_step", waiting)
-    planned = plan_equal_step(profile, dataset, best_alphas(profile, out))
+    planned = plan_equal_step(profile, dataset, best)
     if planned is None:
         return Section("AdaComp against staleness-aware ASGD at equal steps", ["Not in this profile."], [], "-")
     intro = ("Staleness-aware ASGD (alpha / d, dense) against AdaComp (alpha / sigma per coordinate, c = 1 %) at the same "

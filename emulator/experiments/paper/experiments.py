@@ -62,11 +62,11 @@ def alphas_experiment(profile: Profile, out: Path, backend: str, dataset: str, s
 def methods_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
     from analysis.byte_bases import real_gradient
 
-    waiting = steps.unsettled(profile, out)
+    best, waiting = steps.settled_steps(profile, out)
     if waiting:
         return steps.waiting_section("Accuracy and bytes per method", "methods", waiting)
     specs = list(profile.methods)
-    specs += [with_alpha(m, a) for m, a in best_alphas(profile, out).items() if a != 0.1 and with_alpha(m, a) not in specs]
+    specs += [with_alpha(m, a) for m, a in best.items() if a != 0.1 and with_alpha(m, a) not in specs]
     layout, grads = real_gradient(dataset)
 
     def authors_of(run_dir: Path) -> dict:  # each run's record carries its push's size in the authors' format

@@ -118,17 +118,24 @@ def step_choices(profile, out) -> dict[str, Choice]:
     return picked
 
 
+def settled_steps(profile, out) -> tuple[dict[str, float], str | None]:
+    """The chosen step per method (a method none of whose steps trained in every repetition, or
+    whose grid is not all run yet, left out) and what the grids still lack (``asgd: 2 run(s)``,
+    ...; None once every step is settled), from one reading of the grid's runs or records: the
+    experiments that run at the chosen steps wait for the whole grid, not run at a guess."""
+    picked = step_choices(profile, out)
+    waiting = "; ".join(f"{method}: {c.missing} run(s)" for method, c in picked.items() if c.missing)
+    return {m: c.alpha for m, c in picked.items() if c.alpha is not None}, waiting or None
+
+
 def best_alphas(profile, out) -> dict[str, float]:
-    """Per method of the profile's step grids, its chosen step; a method none of whose steps
-    trained in every repetition, or whose grid is not all run yet, is left out."""
-    return {m: c.alpha for m, c in step_choices(profile, out).items() if c.alpha is not None}
+    """Per method of the profile's step grids, its chosen step (:func:`settled_steps`)."""
+    return settled_steps(profile, out)[0]
 
 
 def unsettled(profile, out) -> str | None:
-    """What the step grids still lack (``asgd: 2 run(s)``, ...), or None once every method's step
-    is settled: the experiments that run at the chosen steps wait for it, not run at a guess."""
-    waiting = [f"{method}: {c.missing} run(s)" for method, c in step_choices(profile, out).items() if c.missing]
-    return "; ".join(waiting) or None
+    """What the step grids still lack, or None once every method's step is settled (:func:`settled_steps`)."""
+    return settled_steps(profile, out)[1]
 
 
 def waiting_section(title: str, name: str, waiting: str) -> Section:
@@ -157,4 +164,5 @@ def score_cell(score: dict) -> str:
     return f"{accuracy} ({score['trained']} of {score['runs']} trained)"
 
 
-__all__ = ["Choice", "best_alphas", "choice_table", "choices", "choose", "grid_specs", "grids_of", "score_cell", "with_alpha"]
+__all__ = ["Choice", "best_alphas", "choice_table", "choices", "choose", "grid_specs", "grids_of", "score_cell", "settled_steps", "step_choices",
+           "unsettled", "waiting_section", "with_alpha"]
