@@ -99,7 +99,10 @@ def _bytes_axis(axis, formatter: BinaryBytes = BYTE_RATE) -> None:
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
            "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd")
-LINESTYLES = ("-", "--", ":", "-.")
+# Distinct dash patterns: a method's step-size grid and its other run settings reach 8 variants in
+# the paper profile's records, so 4 named styles had two of one method's lines drawn alike.
+LINESTYLES = ("-", "--", ":", "-.", (0, (8, 2, 1, 2, 1, 2)), (0, (1, 3)), (0, (6, 1)), (0, (3, 1, 1, 1)),
+              (0, (10, 4)), (0, (4, 2, 4, 6)), (0, (2, 1)), (0, (8, 2, 2, 2)))
 MARKERS = ("o", "s", "^", "D", "v", "P")
 # The paper's methods keep their colour in every figure; a setting of the run (``training.*``,
 # e.g. the step size) is the line style. Methods not listed take the next free colour.

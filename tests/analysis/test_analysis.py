@@ -452,3 +452,16 @@ def test_a_damaged_run_directory_is_reported_with_file_and_line(run_dir):
     md = (run_dir / "report" / "report.md").read_text()
     assert "`summary.json` is damaged" in md and "## Damaged records (skipped)" in md
     assert (run_dir / "report" / "accuracy_time.png").exists()  # what could be read is still drawn
+
+
+def test_no_two_variants_of_one_method_are_drawn_alike_and_the_method_keeps_its_colour():
+    """The paper profile's records hold 8 settings of ASGD (its step grid, sharded servers): each
+    variant needs its own line style, and every variant the method's colour."""
+    labels = [f"asgd:training.learning_rate={a}" for a in (0.1, 0.01, 0.005, 0.002, 0.001, 0.0005, 0.0002)]
+    labels += ["asgd:training.learning_rate=0.001:server.shards=2", "asgd:training.learning_rate=0.001:server.shards=4",
+               "asgd:workers[0].cpus=0.5", "asgd:training.batch_size=20", "asgd:faults.crash_rate=0.1"]
+    styles = figures.Styles(["adacomp:c=0.01", *labels])
+    drawn = [styles(label) for label in labels]
+    assert len({repr(d["linestyle"]) for d in drawn}) == len(labels)
+    assert {d["color"] for d in drawn} == {figures.PALETTE[figures.METHOD_COLOURS["asgd"]]}
+    assert styles("adacomp:c=0.01")["color"] != drawn[0]["color"]
