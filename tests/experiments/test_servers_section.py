@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from emulator.experiments.paper.servers import servers_table
+from emulator.experiments.paper.servers import server_load_table, servers_table
 
 ADACOMP = "adacomp:c=0.01:training.learning_rate=0.02"
 
@@ -84,3 +84,19 @@ def test_make_reproduction_renders_the_servers_experiment_with_its_own_section()
 
     assert renderer("servers", [{"kind": "compare"}]) is servers_section
     assert renderer("claim6", [{"kind": "compare"}]).__name__ == "compare_section"
+
+
+def test_the_server_load_per_method_is_its_cpu_against_its_quota_with_the_loops_that_ran():
+    """Issue 30's "server CPU share during the methods runs": per method, cores, share of the quota, ms per update."""
+    records = _records({(ADACOMP, 1): [100, 100, 100], ("asgd", 1): [50, 50, 50], ("asgd:server.shards=2", 2): [80, 80, 80]})
+    for r in records:
+        r["plan"] = {"server": {"cpus": 0.5}}
+        r["summary"]["server_kernels"] = "numba 0.68.1" if r["label"] == ADACOMP else "numpy (numba unavailable: x)"
+    records.append(_record("asgd", 4, 50, 1, status="failed"))
+    lines = server_load_table(records)
+    rows = {line.split("`")[1]: line for line in lines if line.startswith("| `")}
+    assert set(rows) == {ADACOMP, "asgd"}  # a sharded run has its own table, per server; a failed run is left out
+    # 20 CPU s over 200 s: 0.100 cores, 20 % of a 0.5-core quota; 20 s over 20,000 updates: 1.000 ms
+    assert rows[ADACOMP] == f"| `{ADACOMP}` | numba 0.68.1 | 100.0 ± 0.0 (3) | 0.100 ± 0.000 (3) | 20.0 ± 0.0 % (3) | 1.000 ± 0.000 (3) |"
+    assert "| numpy (numba unavailable: x) |" in rows["asgd"] and rows["asgd"].endswith("| 2.000 ± 0.000 (3) |")
+    assert server_load_table([_record("asgd", 1, 50, 1, cpu_each=None)]) == []  # nothing sampled: no table

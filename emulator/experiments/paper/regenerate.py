@@ -28,6 +28,7 @@ import pandas as pd
 
 from analysis import figures
 from emulator.experiments.paper.results import Section
+from emulator.experiments.paper.servers import server_load_table, servers_table
 from emulator.experiments.records import SUFFIX, accuracy_table, compare_rows, curve_of, read_records, run_seconds
 
 TITLE = "# Reproducing Hardy, Le Merrer and Sericola (NCA 2017): results regenerated from the run records"
@@ -118,7 +119,8 @@ def compare_section(name: str, records: list[dict], out: Path, styles) -> Sectio
     body = [_run_time(records) + ".", "", _fidelity(records), "",
             *(("#" + line if line.startswith("##") else line).replace("One row per run: `compare.json`.", "One record per run.")
               for line in text[start:] if not line.startswith("![")),
-            "", *bytes_table(records), "", *staleness_table(records)]
+            "", *bytes_table(records), "", *staleness_table(records),
+            *(() if name.startswith("servers") else ("", *server_load_table(records)))]  # servers: its own, per server
     labels = list(dict.fromkeys(r["label"] for r in records))
     curves = {label: [accuracy_table(r) for r in records if r["label"] == label] for label in labels}
     images = []
@@ -366,8 +368,6 @@ def bytes_section(name: str, records: list[dict], out: Path, styles) -> Section:
 
 def servers_section(name: str, records: list[dict], out: Path, styles) -> Section:
     """A comparison, then what splitting the model over several servers bought (:mod:`.servers`)."""
-    from emulator.experiments.paper.servers import servers_table
-
     section = compare_section(name, records, out, styles)
     section.body += ["", "### Compression or more servers", "", *servers_table(records)]
     return section

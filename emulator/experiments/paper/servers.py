@@ -71,6 +71,31 @@ def servers_table(records: list[dict]) -> list[str]:
     return lines + ["", *_verdict(done)]
 
 
+def server_load_table(records: list[dict]) -> list[str]:
+    """Per method, what its runs asked of the server process (one server): the loops it ran (compiled
+    or numpy, from its ``listening`` event), updates per second, its CPU during training against its
+    quota, and per update; markdown lines, none when no record sampled the server's CPU."""
+    done = [r for r in records if r["row"].get("status") == "completed" and _servers(r) == 1]
+    if not any(r.get("server_cpu_s") for r in done):
+        return []
+    lines = ["The server process during training, per method over its completed runs (mean ± 95 % Student-t half-width, "
+             "n): the loops it ran, updates per second, its CPU (cores, from the container's CPU counters) and the "
+             "share of its CPU quota that is, and its CPU per applied update.", "",
+             "| method | server loops | updates/s | server CPU (cores) | of its quota | server CPU / update (ms) |",
+             "|---|---|---:|---:|---:|---:|"]
+    for label in dict.fromkeys(r["label"] for r in done):
+        mine = [r for r in done if r["label"] == label]
+        runs = [_per_run(r) for r in mine]
+        quota = [(r.get("plan") or {}).get("server", {}).get("cpus") for r in mine]
+        share = [x["cores"] / q for x, q in zip(runs, quota) if x["cores"] is not None and q]
+        loops = ", ".join(sorted({str(r["summary"].get("server_kernels") or "not recorded") for r in mine}))
+        cells = [_cell([x[k] for x in runs if x[k] is not None], spec) for k, spec in (("rate", ",.1f"), ("cores", ".3f"))]
+        cells += [_cell([100 * v for v in share], ".1f").replace(" (", " % (", 1) if share else "-",
+                  _cell([x["cpu_ms"] for x in runs if x["cpu_ms"] is not None], ".3f")]
+        lines.append(f"| `{label}` | {loops} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _count(servers: int) -> str:
     return f"{servers} server{'' if servers == 1 else 's'}"
 
@@ -127,4 +152,4 @@ def _verdict(done: list[dict]) -> list[str]:
     return lines + ["", "Verdict: " + answer]
 
 
-__all__ = ["servers_table"]
+__all__ = ["server_load_table", "servers_table"]
