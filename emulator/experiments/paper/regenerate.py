@@ -119,8 +119,9 @@ def compare_section(name: str, records: list[dict], out: Path, styles) -> Sectio
     body = [_run_time(records) + ".", "", _fidelity(records), "",
             *(("#" + line if line.startswith("##") else line).replace("One row per run: `compare.json`.", "One record per run.")
               for line in text[start:] if not line.startswith("![")),
-            "", *bytes_table(records), "", *staleness_table(records),
-            *(() if name.startswith("servers") else ("", *server_load_table(records)))]  # servers: its own, per server
+            "", *bytes_table(records), "", *staleness_table(records)]
+    load = [] if name.startswith("servers") else server_load_table(records)  # the servers sections have their own, per server
+    body += ["", *load] if load else []
     labels = list(dict.fromkeys(r["label"] for r in records))
     curves = {label: [accuracy_table(r) for r in records if r["label"] == label] for label in labels}
     images = []
