@@ -166,7 +166,7 @@ def test_an_experiments_own_override_wins_over_the_profile_wide_one():
 def test_each_method_gets_the_alpha_of_its_best_run_that_neither_diverged_nor_died(tmp_path):
     from dataclasses import replace
 
-    from emulator.experiments.paper.experiments import best_alphas, with_alpha
+    from emulator.experiments.paper.steps import settled_steps, with_alpha
 
     profile = replace(PROFILES["smoke"], alpha_methods=("asgd", "adacomp:c=0.01", "comp_c:c=0.01"), alpha_grid=(0.1, 0.02, 0.005))
     runs = {("asgd", 0.1): ("diverged", 0.1), ("asgd", 0.02): ("diverged", 0.1), ("asgd", 0.005): ("ok", 0.42),
@@ -181,16 +181,16 @@ def test_each_method_gets_the_alpha_of_its_best_run_that_neither_diverged_nor_di
         (tmp_path / "runs" / "alphas" / run_id / "summary.json").write_text(json.dumps({"status": "completed"}))
         rows.append({"method": with_alpha(method, alpha), "run_id": run_id, "outcome": outcome, "final_accuracy": accuracy})
     (tmp_path / "runs" / "alphas" / "compare.json").write_text(json.dumps({"methods": rows}))
-    assert best_alphas(profile, tmp_path) == {"asgd": 0.005, "adacomp:c=0.01": 0.02, "comp_c:c=0.01": 0.02}
+    assert settled_steps(profile, tmp_path)[0] == {"asgd": 0.005, "adacomp:c=0.01": 0.02, "comp_c:c=0.01": 0.02}
     assert with_alpha("adacomp:c=0.01", 0.02) == "adacomp:c=0.01:training.learning_rate=0.02"
-    assert best_alphas(PROFILES["smoke"], tmp_path) == {}  # no grid in the profile: the paper's alpha only
+    assert settled_steps(PROFILES["smoke"], tmp_path)[0] == {}  # no grid in the profile: the paper's alpha only
 
 
 def test_without_the_grids_runs_the_steps_are_chosen_from_its_records(tmp_path):
     """A later session on a fresh machine: the grid's runs are gone, its committed records are not."""
     from dataclasses import replace
 
-    from emulator.experiments.paper.experiments import best_alphas, with_alpha
+    from emulator.experiments.paper.steps import settled_steps, with_alpha
     from emulator.experiments.records import record_path, write_record
 
     profile = replace(PROFILES["smoke"], alpha_methods=("asgd",), alpha_grid=(0.02, 0.005))
@@ -200,13 +200,13 @@ def test_without_the_grids_runs_the_steps_are_chosen_from_its_records(tmp_path):
                "final_accuracy": accuracy}
         write_record(record_path(tmp_path / "records", "alphas", row["run_id"]),
                      {"experiment": "alphas", "run_id": row["run_id"], "row": row})
-    assert best_alphas(profile, tmp_path) == {"asgd": 0.005}  # 0.02 failed once: not every repetition trained
+    assert settled_steps(profile, tmp_path)[0] == {"asgd": 0.005}  # 0.02 failed once: not every repetition trained
     # an interrupted grid run here (one run of four) does not hide the whole grid its records hold
     (tmp_path / "runs" / "alphas" / "00").mkdir(parents=True)
     (tmp_path / "runs" / "alphas" / "00" / "summary.json").write_text(json.dumps({"status": "completed"}))
     (tmp_path / "runs" / "alphas" / "compare.json").write_text(json.dumps({"methods": [
         {"method": with_alpha("asgd", 0.02), "run_id": "00", "outcome": "ok", "final_accuracy": 0.9}]}))
-    assert best_alphas(replace(profile, alpha_repeat=2), tmp_path) == {"asgd": 0.005}
+    assert settled_steps(replace(profile, alpha_repeat=2), tmp_path)[0] == {"asgd": 0.005}
 
 
 def test_a_record_keeps_its_commit_only_for_the_run_it_was_made_from(tmp_path):
@@ -433,13 +433,13 @@ def test_what_runs_at_the_chosen_steps_waits_for_the_whole_grid(tmp_path):
     from emulator.experiments.paper.claims import c191_experiment, equal_step_experiment
     from emulator.experiments.paper.experiments import methods_experiment
     from emulator.experiments.paper.profiles import PROFILES
-    from emulator.experiments.paper.steps import unsettled
+    from emulator.experiments.paper.steps import settled_steps
 
     shutil.copytree(ROOT / "docs" / "reproduction" / "records" / "alphas", tmp_path / "records" / "alphas")
     whole = dataclasses.replace(PROFILES["paper"], alpha_grids=(("asgd", (0.005, 0.002)),))  # both steps recorded at 2 seeds
-    assert unsettled(whole, tmp_path) is None
+    assert settled_steps(whole, tmp_path)[1] is None
     profile = dataclasses.replace(PROFILES["paper"], alpha_grids=(("asgd", (0.02, 0.005, 0.002)),))  # 0.02 never run
-    waiting = unsettled(profile, tmp_path)
+    waiting = settled_steps(profile, tmp_path)[1]
     assert waiting == "asgd: 2 run(s)"
     for experiment, name in ((methods_experiment, "methods"), (c191_experiment, "c191"), (equal_step_experiment, "equal_step")):
         section = experiment(profile, tmp_path, "docker", "fashion-mnist", lambda _: None)

@@ -18,7 +18,7 @@ from emulator.experiments.paper.plots import ingress_figure, method_figures, swe
 from emulator.experiments.paper import steps
 from emulator.experiments.paper.profiles import LINKS, PAPER, Profile
 from emulator.experiments.paper.claims import c191_experiment, claim6_experiment, equal_step_experiment
-from emulator.experiments.paper.steps import best_alphas, with_alpha
+from emulator.experiments.paper.steps import with_alpha
 from emulator.experiments.paper.results import Section
 from emulator.experiments.records import experiment_records
 from emulator.experiments.paper.servers import servers_table

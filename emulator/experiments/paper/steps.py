@@ -128,16 +128,6 @@ def settled_steps(profile, out) -> tuple[dict[str, float], str | None]:
     return {m: c.alpha for m, c in picked.items() if c.alpha is not None}, waiting or None
 
 
-def best_alphas(profile, out) -> dict[str, float]:
-    """Per method of the profile's step grids, its chosen step (:func:`settled_steps`)."""
-    return settled_steps(profile, out)[0]
-
-
-def unsettled(profile, out) -> str | None:
-    """What the step grids still lack, or None once every method's step is settled (:func:`settled_steps`)."""
-    return settled_steps(profile, out)[1]
-
-
 def waiting_section(title: str, name: str, waiting: str) -> Section:
     """The section of an experiment that runs at the chosen steps while the grid lacks runs: a failure, with what to run."""
     why = (f"{name}: not run, since the step-size grid is not complete ({waiting}); run `make figures PROFILE=paper "
@@ -164,5 +154,5 @@ def score_cell(score: dict) -> str:
     return f"{accuracy} ({score['trained']} of {score['runs']} trained)"
 
 
-__all__ = ["Choice", "best_alphas", "choice_table", "choices", "choose", "grid_specs", "grids_of", "score_cell", "settled_steps", "step_choices",
-           "unsettled", "waiting_section", "with_alpha"]
+__all__ = ["Choice", "choice_table", "choices", "choose", "grid_specs", "grids_of", "score_cell", "settled_steps", "step_choices",
+           "waiting_section", "with_alpha"]
