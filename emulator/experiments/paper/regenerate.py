@@ -104,7 +104,9 @@ def _commands(records: list[dict]) -> str:
 # -- comparisons --------------------------------------------------------------------------
 
 
-def compare_section(name: str, records: list[dict], out: Path, styles) -> Section:
+def compare_section(name: str, records: list[dict], out: Path, styles, server_load: bool = True) -> Section:
+    """A comparison from its records; ``server_load``: with the server process's table (the servers
+    experiment has its own, per server)."""
     from emulator.experiments.compare import render_markdown, report_of
 
     rows = compare_rows(records)
@@ -120,7 +122,7 @@ def compare_section(name: str, records: list[dict], out: Path, styles) -> Sectio
             *(("#" + line if line.startswith("##") else line).replace("One row per run: `compare.json`.", "One record per run.")
               for line in text[start:] if not line.startswith("![")),
             "", *bytes_table(records), "", *staleness_table(records)]
-    load = [] if name.startswith("servers") else server_load_table(records)  # the servers sections have their own, per server
+    load = server_load_table(records) if server_load else []
     body += ["", *load] if load else []
     labels = list(dict.fromkeys(r["label"] for r in records))
     curves = {label: [accuracy_table(r) for r in records if r["label"] == label] for label in labels}
@@ -369,7 +371,7 @@ def bytes_section(name: str, records: list[dict], out: Path, styles) -> Section:
 
 def servers_section(name: str, records: list[dict], out: Path, styles) -> Section:
     """A comparison, then what splitting the model over several servers bought (:mod:`.servers`)."""
-    section = compare_section(name, records, out, styles)
+    section = compare_section(name, records, out, styles, server_load=False)
     section.body += ["", "### Compression or more servers", "", *servers_table(records)]
     return section
 
