@@ -49,3 +49,14 @@ def test_the_federated_experiment_plans_at_the_paper_profiles_scale():
     rows = {name: runs for name, runs, _ in budget(profile)}
     assert rows["federated"] == 2 * 6 * 3
     assert budget(PROFILES["smoke"])[-1] == ("federated", 0, 0.0)
+
+
+def test_the_federated_baselines_run_at_the_steps_the_grid_chose_and_the_federated_specs_as_written():
+    from emulator.experiments.paper.experiments import federated_specs
+    from emulator.experiments.paper.profiles import PROFILES
+
+    methods = PROFILES["paper"].federated_methods
+    specs = federated_specs(methods, {"asgd": 0.005, "adacomp:c=0.01": 0.01, "comp_c:c=0.01": 0.01})
+    assert specs[:2] == ["asgd:training.learning_rate=0.005", "adacomp:c=0.01:training.learning_rate=0.01"]
+    assert specs[2:] == list(methods[2:]) and all("aggregation.name=" in spec for spec in specs[2:])
+    assert federated_specs(methods, {}) == list(methods)  # a method the grid has not settled keeps its spec

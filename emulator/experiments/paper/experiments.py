@@ -312,6 +312,12 @@ def servers_experiment(profile: Profile, out: Path, backend: str, dataset: str, 
     return Section("Compression or more servers", body, [], " ; ".join(commands), failures, runs=counted)
 
 
+def federated_specs(methods: tuple[str, ...], best: dict[str, float]) -> list[str]:
+    """The federated comparison's method specs: a method the step grid covers runs at its chosen step,
+    every other spec (the federated ones, with their own client step) as written."""
+    return [with_alpha(method, best[method]) if method in best else method for method in methods]
+
+
 def federated_experiment(profile: Profile, out: Path, backend: str, dataset: str, say) -> Section:
     """Beyond the paper: federated learning's methods on the same devices (docs/FEDERATED.md). FedAvg
     and FedBuff, dense and with top-k + error feedback and delta pulls, against AdaComp and ASGD, per
@@ -319,15 +325,22 @@ def federated_experiment(profile: Profile, out: Path, backend: str, dataset: str
     server step and per round, and the accuracy against ingress bytes (each comparison's figure)."""
     if not profile.federated_methods:
         return Section("Federated methods", ["Not in this profile."], [], "-")
+    best, waiting = steps.settled_steps(profile, out)
+    if waiting:
+        return steps.waiting_section("Federated methods", "federated", waiting)
+    specs = federated_specs(profile.federated_methods, best)
+    baselines = [with_alpha(m, best[m]) for m in profile.federated_methods if m in best]
     base = profile.overrides("federated", dataset)
     body = ["FedAvg (synchronous rounds of sampled clients, a deadline for stragglers) and FedBuff (buffered "
             "asynchronous aggregation), each with H local steps a push, dense or with top-k + error feedback and delta "
             "pulls, against AdaComp and ASGD on the same devices. An update of a federated method is one server step "
-            "(an aggregation), so bytes per update are per server step.", ""]
+            "(an aggregation), so bytes per update are per server step. ASGD and AdaComp run at the steps the "
+            "`alphas` grid chose for them (" + ", ".join(f"`{spec}`" for spec in baselines) + "); the "
+            "federated methods' client step is the one their specs name, not tuned.", ""]
     failures, commands, counted = [], [], []
     for link in profile.federated_links:
         title, link_sets = LINKS[link]
-        result = run_comparison(f"federated-{link}", list(profile.federated_methods), [*base, *link_sets],
+        result = run_comparison(f"federated-{link}", specs, [*base, *link_sets],
                                 profile.federated_repeat, out, backend, say, from_records=True)
         commands.append(result["command"])
         counted.append(result["runs"])
