@@ -11,7 +11,8 @@ standard library: tests feed it recorded traces (``tests/data/traces/``).
 - ``diverged``: the server stopped training on non-finite updates (``DIVERGED_AFTER`` in a
   row), or the last evaluation's loss or accuracy is not finite, or the model ended at chance
   (below) after updates were refused for NaN or Inf. ``diverged`` is true exactly then.
-- ``dead``: the model ended at chance with no NaN seen: after :data:`WARMUP_UPDATES`, the last
+- ``dead``: the model ended at chance with no NaN seen: after :data:`WARMUP_UPDATES` pushes behind
+  the evaluated model (its version; a federated run's aggregations hold several each), the last
   evaluation's accuracy is below :data:`CHANCE_FACTOR` / classes and its loss is not below
   ``ln(classes)`` by more than :data:`LOSS_MARGIN` (a model that predicts one distribution
   whatever the input has a loss of at least the labels' entropy, about ``ln(classes)``).
@@ -48,7 +49,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-WARMUP_UPDATES = 100  # the model is judged at chance only from an evaluation at this version or later
+WARMUP_UPDATES = 100  # the model is judged at chance only once this many pushes are behind the evaluated model
 CHANCE_FACTOR = 1.5  # accuracy below 1.5 / classes: no better than guessing
 LOSS_MARGIN = 0.01  # loss above (1 - 1 %) ln(classes): no better than a uniform guess
 NON_FINITE_REASONS = frozenset({"non_finite_gradient", "non_finite", "overflow"})  # paramserver._diverging's
@@ -115,7 +116,9 @@ def summarize(counters: Counters, events: Iterable[dict], rejections: Iterable[d
         if record.get("kind") in ("reconnected", "worker_finished") and "skipped" in record:
             skipped = (skipped or 0) + int(record["skipped"])  # server.when_down: skip
     non_finite = sum(1 for r in rejections if r.get("reason") in NON_FINITE_REASONS)
-    outcome, detail = judge(final, facts.classes, non_finite, s.done_reason)
+    rounds = list(rounds)
+    outcome, detail = judge(final, facts.classes, non_finite, s.done_reason,
+                            pushes_behind(rounds, final.get("version")) if rounds else None)
     duration = facts.duration_s
     servers = getattr(s, "servers", None) or {}  # several servers: name -> their own counts
     ingress = s.ingress_bytes if facts.payload_at_end is None else facts.payload_at_end
@@ -188,8 +191,19 @@ def per_update(up: int, down: int, updates: int) -> dict:
             "two_way_bytes_per_update": round((up + down) / updates, 1)}
 
 
-def judge(final: dict, classes: int | None, non_finite: int, done_reason: str) -> tuple[str, str]:
-    """``(outcome, why)`` from the last evaluation, the classes, the non-finite count and why training ended."""
+def pushes_behind(rounds: list[dict], version: int | None) -> int | None:
+    """The workers' pushes in a federated model at ``version``: the participants of the aggregations
+    applied up to it (an aggregation is one version and holds several pushes)."""
+    if version is None:
+        return None
+    return sum(int(r.get("participants", 0)) for r in rounds if r.get("applied") and (r.get("version") or 0) <= version)
+
+
+def judge(final: dict, classes: int | None, non_finite: int, done_reason: str,
+          pushes: int | None = None) -> tuple[str, str]:
+    """``(outcome, why)`` from the last evaluation, the classes, the non-finite count and why training
+    ended; ``pushes``: the pushes behind the evaluated model where a version holds several (federated
+    aggregations, :func:`pushes_behind`), else its version is its pushes."""
     if done_reason.startswith("diverged"):
         return "diverged", f"the server stopped training: {done_reason}"
     accuracy, loss, version = final.get("accuracy"), final.get("loss"), final.get("version")
@@ -197,8 +211,10 @@ def judge(final: dict, classes: int | None, non_finite: int, done_reason: str) -
         return "unknown", "no evaluation"
     if not (math.isfinite(accuracy) and math.isfinite(loss)):
         return "diverged", f"the last evaluation (update {version}) is not finite: accuracy {accuracy}, loss {loss}"
-    if not classes or (version or 0) < WARMUP_UPDATES:
-        return "unknown", f"the last evaluation is before update {WARMUP_UPDATES}" if classes else "classes unknown"
+    behind = (version or 0) if pushes is None else pushes
+    if not classes or behind < WARMUP_UPDATES:
+        return "unknown", (f"the last evaluation has {behind} pushes behind it, fewer than the warm-up's {WARMUP_UPDATES}"
+                           if classes else "classes unknown")
     chance = math.log(classes)
     if accuracy < CHANCE_FACTOR / classes and loss > (1 - LOSS_MARGIN) * chance:
         at_chance = (f"at chance at update {version}: accuracy {accuracy:.4f} (chance {1 / classes:.4f}), "
@@ -236,4 +252,4 @@ def flag(summary: dict) -> str:
 
 
 __all__ = ["CHANCE_FACTOR", "FLAGGED", "LOSS_MARGIN", "NON_FINITE_REASONS", "WARMUP_UPDATES", "Counters", "RunFacts",
-           "flag", "judge", "per_update", "summarize", "wire_bytes"]
+           "flag", "judge", "per_update", "pushes_behind", "summarize", "wire_bytes"]

@@ -24,7 +24,8 @@ from emulator.control.rundir import RunDirectory, read_jsonl
 from emulator.control.runstate import LiveState
 from emulator.runtime.protocol import NO_WORKER
 from emulator.control.summary import (
-    CHANCE_FACTOR, LOSS_MARGIN, NON_FINITE_REASONS, WARMUP_UPDATES, RunFacts, flag, judge, summarize, wire_bytes,
+    CHANCE_FACTOR, LOSS_MARGIN, NON_FINITE_REASONS, WARMUP_UPDATES, RunFacts, flag, judge, pushes_behind, summarize,
+    wire_bytes,
 )
 
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -245,6 +246,38 @@ def test_outcome(final, classes, non_finite, done, expected):
     outcome, detail = judge(final, classes, non_finite, done)
     assert outcome == expected
     assert (detail == "") == (outcome == "ok")
+
+
+def federated_rounds(count: int, participants: int) -> list[dict]:
+    """A FedAvg server's ``rounds`` trace: ``count`` applied rounds (versions 1..count), and one closed empty."""
+    return [*({"round": v, "version": v, "participants": participants, "applied": True} for v in range(1, count + 1)),
+            {"round": count + 1, "version": count, "participants": 0, "applied": False}]
+
+
+def test_a_federated_model_is_judged_by_the_pushes_behind_it_not_by_its_version():
+    """The run that showed it (2026-12-07): FedAvg, 16 clients a round, 22 rounds in 240 s, judged
+    "unknown" because 22 versions are under the warm-up, though 352 pushes were behind the model; a
+    FedAvg model at chance would then have counted as trained."""
+    rounds = federated_rounds(22, 16)
+    assert pushes_behind(rounds, 22) == 352 and pushes_behind(rounds, 5) == 80 and pushes_behind(rounds, None) is None
+    at_chance, trained = evaluation(0.1, CHANCE_LOSS, 22), evaluation(0.8, 0.56, 22)
+    assert judge(at_chance, 10, 0, "", pushes_behind(rounds, 22))[0] == "dead"
+    assert judge(trained, 10, 0, "", pushes_behind(rounds, 22)) == ("ok", "")
+    outcome, detail = judge(at_chance, 10, 0, "")  # per push, version 22 is 22 pushes: still warming up
+    assert outcome == "unknown" and "22 pushes behind it" in detail
+    assert judge(evaluation(0.1, CHANCE_LOSS, 5), 10, 0, "", pushes_behind(rounds, 5))[0] == "unknown"  # 80 pushes
+
+
+def test_the_summary_judges_a_federated_run_through_its_rounds(tmp_path):
+    """summarize passes the rounds trace to the judgement: the same counters and final evaluation at
+    version 22 are "dead" with 22 rounds of 16 behind them and "unknown" without rounds."""
+    healthy = summary_of("healthy-faults")
+    counters = SimpleNamespace(**{**vars(replay(streams("healthy-faults"))), "updates": 22,
+                                  "final_accuracy": evaluation(0.1, CHANCE_LOSS, 22), "accuracy": None})
+    facts = facts_of(healthy)
+    with_rounds = summarize(counters, [], [], facts, federated_rounds(22, 16))
+    assert with_rounds["outcome"] == "dead" and with_rounds["rounds"]["count"] == 23
+    assert summarize(counters, [], [], facts)["outcome"] == "unknown"
 
 
 def test_wire_bytes_from_the_server_interface_counters():
