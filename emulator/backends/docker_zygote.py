@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from emulator.runtime.zygote import PROBE, ZygoteConnection
+from emulator.runtime.zygote import PROBE, ZygoteConnection, abstract_address
 
 HOLD = ["python", "-I", "-S", "/opt/edge-emulator/emulator/runtime/hold.py"]
 CGROUP_ROOT = "/host/cgroup"  # where the zygote container sees the host's cgroup tree
@@ -36,7 +36,7 @@ class ZygoteBoot:
         self.run_id = run_id
         self.labels = labels
         self.say = say
-        self.address = f"@edge-emulator-docker-zygote-{run_id}"
+        self.address = abstract_address("edge-emulator-docker-zygote", run_id)
         self.container = None
         self.conn: ZygoteConnection | None = None
 

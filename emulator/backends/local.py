@@ -11,7 +11,6 @@ each device as a fresh interpreter instead.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import select
@@ -35,11 +34,10 @@ ZYGOTE_ENV = "EDGE_EMULATOR_ZYGOTE"
 
 
 def zygote_address(run_id: str, pid: int) -> str:
-    """The zygote's abstract socket (no file): its name, like a path, holds at most 107 bytes, so a long
-    run id (a comparison's method label) is cut and made unique by its digest."""
-    if len(run_id) > 48:
-        run_id = f"{run_id[:32]}-{hashlib.sha256(run_id.encode()).hexdigest()[:12]}"
-    return f"@edge-emulator-zygote-{run_id}-{pid}"
+    """The zygote's abstract socket (no file), unique per run and controller process."""
+    from emulator.runtime.zygote import abstract_address
+
+    return f"{abstract_address('edge-emulator-zygote', run_id)}-{pid}"
 
 
 class DeviceProcess:

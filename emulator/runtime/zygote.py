@@ -21,6 +21,7 @@ the device's, as the zygote sees it. Module ``probe`` enters and exits at once (
 from __future__ import annotations
 
 import gc
+import hashlib
 import importlib
 import json
 import os
@@ -166,6 +167,14 @@ def _reap(signum, frame) -> None:
             return
         if pid == 0:
             return
+
+
+def abstract_address(prefix: str, run_id: str) -> str:
+    """``@<prefix>-<run id>``, a Linux abstract socket's name: like a path it holds at most 107 bytes,
+    so a long run id (a comparison's method label) is cut and kept unique by its digest."""
+    if len(run_id) > 48:
+        run_id = f"{run_id[:32]}-{hashlib.sha256(run_id.encode()).hexdigest()[:12]}"
+    return f"@{prefix}-{run_id}"
 
 
 def socket_address(path: str) -> str:

@@ -30,9 +30,19 @@ def test_the_rounds_table_lists_the_federated_runs_only():
     assert rounds_table(rows[:1]) == []
 
 
-def test_a_long_run_id_still_names_a_zygote_socket():
-    address = zygote_address("03-" + "x" * 200, 12345)
-    assert len(address.encode()) <= 107 and address != zygote_address("03-" + "x" * 199, 12345)
+# A federated run of the paper profile (2026-12-07): on Docker its zygote failed to bind ("AF_UNIX
+# path too long") and every device imported TensorFlow itself, unlike the runs it was compared with.
+FEDBUFF_RUN = ("06-topk_c-0.01_error_feedback-true_rule-plain_pull-delta_training.learning_rate-0.02_local-10_"
+               "aggregation.name-fedbuff_aggregation.buffer-10-r0")
+
+
+@pytest.mark.parametrize("run_id", ["03-" + "x" * 200, FEDBUFF_RUN])
+def test_a_long_run_id_still_names_a_zygote_socket_on_every_backend(run_id):
+    from emulator.backends.docker_zygote import ZygoteBoot
+
+    local, docker = zygote_address(run_id, 12345), ZygoteBoot(None, "image", run_id, {}).address
+    for address, other in ((local, zygote_address(run_id[:-1], 12345)), (docker, ZygoteBoot(None, "image", run_id[:-1], {}).address)):
+        assert address.startswith("@") and len(address.encode()) <= 107 and address != other
 
 
 def test_the_federated_experiment_plans_at_the_paper_profiles_scale():
