@@ -334,7 +334,7 @@ def federated_experiment(profile: Profile, out: Path, backend: str, dataset: str
     body = ["FedAvg (synchronous rounds of sampled clients, a deadline for stragglers) and FedBuff (buffered "
             "asynchronous aggregation), each with H local steps a push, dense or with top-k + error feedback and delta "
             "pulls, against AdaComp and ASGD on the same devices. An update of a federated method is one server step "
-            "(an aggregation), so bytes per update are per server step. ASGD and AdaComp run at the steps the "
+            "(an aggregation): up bytes are one worker's push, down and two-way bytes per server step. ASGD and AdaComp run at the steps the "
             "`alphas` grid chose for them (" + ", ".join(f"`{spec}`" for spec in baselines) + "); the "
             "federated methods' client step is the one their specs name, not tuned.", ""]
     failures, commands, counted = [], [], []
@@ -345,7 +345,7 @@ def federated_experiment(profile: Profile, out: Path, backend: str, dataset: str
         commands.append(result["command"])
         counted.append(result["runs"])
         failures += comparison_failures(result, f"federated ({title})")
-        body += [f"### {title}", "", "| method | final accuracy | time to target (s) | up B / server step | "
+        body += [f"### {title}", "", "| method | final accuracy | time to target (s) | up B / push | "
                  "down B / server step | two-way B / server step |", "|---|---|---|---:|---:|---:|"]
         for entry in result["table"]["aggregate"]:
             body.append(f"| {entry['method']}{(' (' + entry['flagged'] + ')') if entry.get('flagged') else ''} | "
