@@ -249,9 +249,10 @@ def test_outcome(final, classes, non_finite, done, expected):
 
 
 def federated_rounds(count: int, participants: int) -> list[dict]:
-    """A FedAvg server's ``rounds`` trace: ``count`` applied rounds (versions 1..count), and one closed empty."""
+    """A FedAvg server's ``rounds`` trace: ``count`` applied rounds (versions 1..count), and one closed
+    without being applied (its 3 reports add nothing to the model)."""
     return [*({"round": v, "version": v, "participants": participants, "applied": True} for v in range(1, count + 1)),
-            {"round": count + 1, "version": count, "participants": 0, "applied": False}]
+            {"round": count + 1, "version": count, "participants": 3, "applied": False}]
 
 
 def test_a_federated_model_is_judged_by_the_pushes_behind_it_not_by_its_version():

@@ -329,7 +329,7 @@ def federated_experiment(profile: Profile, out: Path, backend: str, dataset: str
     if waiting:
         return steps.waiting_section("Federated methods", "federated", waiting)
     specs = federated_specs(profile.federated_methods, best)
-    baselines = [with_alpha(m, best[m]) for m in profile.federated_methods if m in best]
+    baselines = [spec for spec, method in zip(specs, profile.federated_methods) if method in best]
     base = profile.overrides("federated", dataset)
     body = ["FedAvg (synchronous rounds of sampled clients, a deadline for stragglers) and FedBuff (buffered "
             "asynchronous aggregation), each with H local steps a push, dense or with top-k + error feedback and delta "
