@@ -191,6 +191,22 @@ def per_update(up: int, down: int, updates: int) -> dict:
             "two_way_bytes_per_update": round((up + down) / updates, 1)}
 
 
+def traffic_per_push(summary: dict, push_bytes: float | None) -> dict:
+    """Down and two-way payload per worker push the server applied: a federated server step
+    applies a round's pushes, so its per-update counts (per step) are divided out; with one push a
+    step (``per_push`` aggregation) they are the summary's own. ``push_bytes``: the mean push."""
+    keys = ("down_bytes_per_update", "two_way_bytes_per_update")
+    if not summary.get("rounds"):
+        return {key: summary.get(key) for key in keys}
+    up, down = summary.get("ingress_payload_bytes"), summary.get("downlink_payload_bytes")
+    if not push_bytes or up is None or down is None:
+        return dict.fromkeys(keys)
+    pushes = round(up / push_bytes)  # a whole number: push_bytes is a rounded mean
+    if not pushes:
+        return dict.fromkeys(keys)
+    return {"down_bytes_per_update": round(down / pushes, 1), "two_way_bytes_per_update": round((up + down) / pushes, 1)}
+
+
 def pushes_behind(rounds: list[dict], version: int | None) -> int | None:
     """The workers' pushes in a federated model at ``version``: the participants of the aggregations
     applied up to it (an aggregation is one version and holds several pushes)."""

@@ -47,7 +47,9 @@ Measures, per method (from the run's own traces, never from a formula):
   different numbers of updates still compare;
 - down and two-way bytes per update: what the server sent workers (models, deltas, ACKs) per
   applied update, and that plus what it received (``summary.json``'s ``down_bytes_per_update``
-  and ``two_way_bytes_per_update``; "-" for runs from before they were counted);
+  and ``two_way_bytes_per_update``; "-" for runs from before they were counted). An update is
+  one worker's push in every row: a federated server step applies a round's pushes, so its
+  run's bytes per step are divided by the pushes it applied (``summary.traffic_per_push``);
 - time to target: training seconds (from the server's ``training_started`` event) until the
   first evaluation at or above the target accuracy (default: 90% of the best method's mean
   final accuracy; one target for every run), and the model version it evaluated;
@@ -83,7 +85,7 @@ from emulator.control.run import RunFailed, run_scenario
 from emulator.planning.loader import load_scenario
 from emulator.planning.problems import Problem, ScenarioError
 from emulator.planning.scenario import Scenario
-from emulator.control.summary import FLAGGED, flag
+from emulator.control.summary import FLAGGED, flag, traffic_per_push
 from emulator.experiments.sweep import SEED_STRIDE, repetition_seed
 
 DEFAULT_TARGET_FRACTION = 0.9
@@ -367,9 +369,8 @@ def summarize_run(run_dir: Path, label: str) -> dict:
         "compressor": summary.get("compressor"), "rule": summary.get("rule"),
         "final_accuracy": summary.get("final_accuracy"), "updates": summary.get("updates_applied", len(updates)),
         "ingress_payload_bytes": summary.get("ingress_payload_bytes"),
-        "bytes_per_update": push_bytes(updates),
-        "down_bytes_per_update": summary.get("down_bytes_per_update"),
-        "two_way_bytes_per_update": summary.get("two_way_bytes_per_update"),
+        "bytes_per_update": (pushed := push_bytes(updates)),
+        **traffic_per_push(summary, pushed),
         **server_shares(summary),
         # a federated run's aggregations (summary.summary_of_rounds); absent otherwise, so other rows and records keep their form
         **({"rounds": summary["rounds"]} if summary.get("rounds") else {}),

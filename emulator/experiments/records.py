@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from emulator.control.summary import traffic_per_push
+
 FORMAT = 1
 SUFFIX = ".json.gz"
 SIGMA_STEP = 0.005  # sigma / d histogram bin width
@@ -208,8 +210,11 @@ def curve_of(record: dict) -> list[dict]:
 
 
 def compare_rows(records: list[dict]) -> list[dict]:
-    """The comparison's rows (as ``emulate compare`` makes them from run directories) from records."""
-    return [{**r["row"], "curve": curve_of(r), "repeat": r["repeat"], "seed": r["seed"]} for r in records]
+    """The comparison's rows (as ``emulate compare`` makes them from run directories) from records;
+    bytes both ways per push from the run's summary, as ``compare.summarize_run`` counts them (a
+    record's row may be from before federated steps were divided into pushes)."""
+    return [{**r["row"], **traffic_per_push(r["summary"], r["row"].get("bytes_per_update")),
+             "curve": curve_of(r), "repeat": r["repeat"], "seed": r["seed"]} for r in records]
 
 
 def run_seconds(summary: dict) -> float:

@@ -7,7 +7,9 @@ import pytest
 from conftest import SCENARIOS
 
 from emulator.backends.local import zygote_address
+from emulator.control.summary import traffic_per_push
 from emulator.experiments.compare import parse_method_spec, plan_comparison, rounds_table
+from emulator.experiments.records import compare_rows
 from emulator.planning.problems import ScenarioError
 
 
@@ -28,6 +30,28 @@ def test_the_rounds_table_lists_the_federated_runs_only():
     lines = rounds_table(rows)
     assert lines[-2] == "| `fedavg` | 02-fedavg | 12 | 1.200 | 2.50 | 3 | 589,329 | 1,077,895 |"
     assert rounds_table(rows[:1]) == []
+
+
+# The summary of a FedAvg run of the paper profile (federated-symmetric, 03-...-r0): 24 rounds of 16
+# pushes of 1,686,657 B; its per-update counts are per server step.
+FEDAVG_SUMMARY = {"updates_applied": 24, "ingress_payload_bytes": 647676288, "downlink_payload_bytes": 721867368,
+                  "down_bytes_per_update": 30077807.0, "two_way_bytes_per_update": 57064319.0,
+                  "rounds": {"count": 24, "applied": 24, "mean_participants": 16.0}}
+
+
+def test_a_federated_runs_bytes_both_ways_are_per_push_like_every_other_row():
+    assert traffic_per_push(FEDAVG_SUMMARY, 1686657.0) == {"down_bytes_per_update": round(721867368 / 384, 1),
+                                                           "two_way_bytes_per_update": round((647676288 + 721867368) / 384, 1)}
+    asgd = {"ingress_payload_bytes": 100, "downlink_payload_bytes": 300, "down_bytes_per_update": 3.0,
+            "two_way_bytes_per_update": 4.0}
+    assert traffic_per_push(asgd, 1.0) == {"down_bytes_per_update": 3.0, "two_way_bytes_per_update": 4.0}
+    assert traffic_per_push(FEDAVG_SUMMARY, None) == {"down_bytes_per_update": None, "two_way_bytes_per_update": None}
+    # a record written before: its row kept the per-step counts; the rows made from it are per push
+    record = {"row": {"bytes_per_update": 1686657.0, "down_bytes_per_update": 30077807.0, "two_way_bytes_per_update": 57064319.0},
+              "summary": FEDAVG_SUMMARY, "evaluations": {"version": [], "time_s": [], "accuracy": [], "bytes": []},
+              "repeat": 0, "seed": 17}
+    row, = compare_rows([record])
+    assert row["down_bytes_per_update"] == 1879864.0 and row["two_way_bytes_per_update"] == 3566521.0
 
 
 # A federated run of the paper profile (2026-12-07): on Docker its zygote failed to bind ("AF_UNIX

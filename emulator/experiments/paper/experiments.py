@@ -322,7 +322,7 @@ def federated_experiment(profile: Profile, out: Path, backend: str, dataset: str
     """Beyond the paper: federated learning's methods on the same devices (docs/FEDERATED.md). FedAvg
     and FedBuff, dense and with top-k + error feedback and delta pulls, against AdaComp and ASGD, per
     link profile, paired seeds: final accuracy and time to target (intervals), bytes both ways per
-    server step and per round, and the accuracy against ingress bytes (each comparison's figure)."""
+    push and per round, and the accuracy against ingress bytes (each comparison's figure)."""
     if not profile.federated_methods:
         return Section("Federated methods", ["Not in this profile."], [], "-")
     best, waiting = steps.settled_steps(profile, out)
@@ -333,8 +333,8 @@ def federated_experiment(profile: Profile, out: Path, backend: str, dataset: str
     base = profile.overrides("federated", dataset)
     body = ["FedAvg (synchronous rounds of sampled clients, a deadline for stragglers) and FedBuff (buffered "
             "asynchronous aggregation), each with H local steps a push, dense or with top-k + error feedback and delta "
-            "pulls, against AdaComp and ASGD on the same devices. An update of a federated method is one server step "
-            "(an aggregation): up bytes are one worker's push, down and two-way bytes per server step. ASGD and AdaComp run at the steps the "
+            "pulls, against AdaComp and ASGD on the same devices. Bytes both ways are per worker push the server applied, for every "
+            "method (a federated server step applies a round's pushes; bytes per round: the comparison's rounds table). ASGD and AdaComp run at the steps the "
             "`alphas` grid chose for them (" + ", ".join(f"`{spec}`" for spec in baselines) + "); the "
             "federated methods' client step is the one their specs name, not tuned.", ""]
     failures, commands, counted = [], [], []
@@ -346,7 +346,7 @@ def federated_experiment(profile: Profile, out: Path, backend: str, dataset: str
         counted.append(result["runs"])
         failures += comparison_failures(result, f"federated ({title})")
         body += [f"### {title}", "", "| method | final accuracy | time to target (s) | up B / push | "
-                 "down B / server step | two-way B / server step |", "|---|---|---|---:|---:|---:|"]
+                 "down B / push | two-way B / push |", "|---|---|---|---:|---:|---:|"]
         for entry in result["table"]["aggregate"]:
             body.append(f"| {entry['method']}{(' (' + entry['flagged'] + ')') if entry.get('flagged') else ''} | "
                         f"{interval_cell(entry['final_accuracy'], '.4f')} | {interval_cell(entry['time_to_target'], '.1f')} | "
