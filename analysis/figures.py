@@ -161,17 +161,31 @@ class Styles:
 LEGEND_COLUMN_CHARS = 96 // 2  # a column of the legend below an 8-inch figure holds about this many characters ("small")
 
 
+def wrap_label(label: str, width: int) -> str:
+    """A method spec broken into lines of at most ``width`` characters at its ``:`` (a part longer
+    than that stays whole on its own line): a federated spec is 120 characters, wider than a figure."""
+    lines: list[str] = []
+    for part in label.split(":"):
+        if lines and len(lines[-1]) + 1 + len(part) <= width:
+            lines[-1] += ":" + part
+        else:
+            lines.append(part if not lines else ":" + part)
+    return "\n".join(lines)
+
+
 def legend_columns(labels: Sequence[str], columns: int = 2) -> int:
-    """As many columns as the longest label lets fit across the figure (at least one): a label
-    wider than its column would run off the figure's edge."""
-    longest = max((len(label) for label in labels), default=0)
+    """As many columns as the longest line of a label lets fit across the figure (at least one): a
+    label wider than its column would run off the figure's edge."""
+    longest = max((len(line) for label in labels for line in label.splitlines()), default=0)
     return max(1, min(columns, len(labels), (2 * LEGEND_COLUMN_CHARS) // max(1, longest)))
 
 
 def legend_below(fig: Figure, ax, columns: int = 2) -> None:
-    """The legend under the plot, in at most ``columns`` columns, so it never covers a curve."""
+    """The legend under the plot, in at most ``columns`` columns, so it never covers a curve; a
+    label wider than the figure is wrapped at its ``:``."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
+        labels = [wrap_label(label, 2 * LEGEND_COLUMN_CHARS) for label in labels]
         fig.legend(handles, labels, loc="outside lower center", ncols=legend_columns(labels, columns), fontsize="small",
                    frameon=False)
 
@@ -728,5 +742,5 @@ def sweep_metric(aggregate: pd.DataFrame, x_key: str, metric: str, series_keys: 
 
 __all__ = [
     "accuracy_vs_ingress", "accuracy_vs_time", "accuracy_vs_updates", "cpu_utilisation", "ingress_rate",
-    "link_utilisation", "mean_band", "Styles", "legend_below", "legend_columns", "save", "staleness_histogram", "sweep_metric", "traffic_both_ways", "worker_share",
+    "link_utilisation", "mean_band", "Styles", "legend_below", "legend_columns", "save", "wrap_label", "staleness_histogram", "sweep_metric", "traffic_both_ways", "worker_share",
 ]

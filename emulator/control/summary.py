@@ -191,6 +191,15 @@ def per_update(up: int, down: int, updates: int) -> dict:
             "two_way_bytes_per_update": round((up + down) / updates, 1)}
 
 
+def pushes_applied(summary: dict, push_bytes: float | None) -> int | None:
+    """The workers' pushes the server applied: its updates, or for a federated run (several pushes
+    a server step) its ingress payload over the mean push."""
+    if not summary.get("rounds"):
+        return summary.get("updates_applied")
+    up = summary.get("ingress_payload_bytes")
+    return round(up / push_bytes) if up and push_bytes else None  # a whole number: push_bytes is a rounded mean
+
+
 def traffic_per_push(summary: dict, push_bytes: float | None) -> dict:
     """Down and two-way payload per worker push the server applied: a federated server step
     applies a round's pushes, so its per-update counts (per step) are divided out; with one push a
@@ -201,7 +210,7 @@ def traffic_per_push(summary: dict, push_bytes: float | None) -> dict:
     up, down = summary.get("ingress_payload_bytes"), summary.get("downlink_payload_bytes")
     if not push_bytes or up is None or down is None:
         return dict.fromkeys(keys)
-    pushes = round(up / push_bytes)  # a whole number: push_bytes is a rounded mean
+    pushes = pushes_applied(summary, push_bytes)
     if not pushes:
         return dict.fromkeys(keys)
     return {"down_bytes_per_update": round(down / pushes, 1), "two_way_bytes_per_update": round((up + down) / pushes, 1)}

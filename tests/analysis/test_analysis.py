@@ -465,3 +465,23 @@ def test_no_two_variants_of_one_method_are_drawn_alike_and_the_method_keeps_its_
     assert len({repr(d["linestyle"]) for d in drawn}) == len(labels)
     assert {d["color"] for d in drawn} == {figures.PALETTE[figures.METHOD_COLOURS["asgd"]]}
     assert styles("adacomp:c=0.01")["color"] != drawn[0]["color"]
+
+
+FEDAVG_TOPK = ("topk:c=0.01:error_feedback=true:rule=plain:pull=delta:training.learning_rate=0.02:local=10:"
+               "aggregation.name=fedavg:aggregation.sample=16:aggregation.deadline=60s")  # a paper-profile label, 120 characters
+
+
+def test_a_label_wider_than_the_figure_is_wrapped_at_its_colons_and_nothing_is_lost():
+    wrapped = figures.wrap_label(FEDAVG_TOPK, 48)
+    assert wrapped.replace("\n", "") == FEDAVG_TOPK
+    assert all(len(line) <= 48 for line in wrapped.splitlines()) and len(wrapped.splitlines()) == 4
+    assert figures.wrap_label("asgd", 48) == "asgd"
+    assert figures.wrap_label("x" * 60, 48) == "x" * 60  # a part longer than the width stays whole
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [0, 1], label=FEDAVG_TOPK)
+    figures.legend_below(fig, ax)
+    shown, = [t.get_text() for t in fig.legends[0].get_texts()]  # one column across the figure: two lines
+    assert shown == figures.wrap_label(FEDAVG_TOPK, 2 * figures.LEGEND_COLUMN_CHARS) and len(shown.splitlines()) == 2

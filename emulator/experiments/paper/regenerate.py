@@ -30,6 +30,7 @@ from analysis import figures
 from emulator.experiments.paper.results import Section
 from emulator.experiments.paper.servers import server_load_table, servers_table
 from emulator.experiments.records import SUFFIX, accuracy_table, compare_rows, curve_of, read_records, run_seconds
+from emulator.control.summary import pushes_applied
 
 TITLE = "# Reproducing Hardy, Le Merrer and Sericola (NCA 2017): results regenerated from the run records"
 TITLES = {"servers": "Compression or more servers", "bytes": "Bytes per update on both bases", "alphas": "Step size per method", "methods": "Accuracy and bytes per method",
@@ -145,14 +146,15 @@ def _slug(name: str) -> str:
 
 
 def per_update(records: list[dict]) -> dict[str, dict]:
-    """Per label, bytes per applied update on three bases: the payload the server received (the
+    """Per label, bytes per applied push (one update, or one of a federated step's) on three bases: the payload the server received (the
     compact wire's frames), the bytes on its interface, and the authors' format (when the record
     carries it); means over the label's runs."""
     out: dict[str, dict] = {}
     for label in dict.fromkeys(r["label"] for r in records):
         mine = [r for r in records if r["label"] == label and r["row"].get("bytes_per_update")]
-        wire = [r["summary"]["ingress_wire_bytes"] / r["summary"]["updates_applied"] for r in mine
-                if r["summary"].get("ingress_wire_bytes") and r["summary"].get("updates_applied")]
+        pushes = [(r["summary"].get("ingress_wire_bytes"), pushes_applied(r["summary"], r["row"]["bytes_per_update"]))
+                  for r in mine]
+        wire = [on_wire / n for on_wire, n in pushes if on_wire and n]
         authors = [r["authors_bytes_per_update"] for r in mine if r.get("authors_bytes_per_update")]
         out[label] = {"payload": float(np.mean([r["row"]["bytes_per_update"] for r in mine])) if mine else None,
                       "wire": float(np.mean(wire)) if wire else None, "authors": float(np.mean(authors)) if authors else None,
@@ -205,12 +207,12 @@ def bytes_figure(records: list[dict], styles):
             ax.barh(y, s[basis], height=height * 0.9, color=styles(label)["color"], hatch=hatches[basis],
                     edgecolor="white", label=title if i == 0 else None)
             ax.text(s[basis], y, f" {s[basis]:,.0f} B", va="center", ha="left", fontsize="x-small")
-    ax.set_yticks(range(len(sizes)), list(sizes), fontsize="small")
+    ax.set_yticks(range(len(sizes)), [figures.wrap_label(label, 30) for label in sizes], fontsize="x-small")
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(figures.BYTES)
     ax.set_xlim(right=ax.get_xlim()[1] * 8)  # room for the labels
-    ax.set_xlabel("bytes per applied update (log)")
+    ax.set_xlabel("bytes per applied push (log)")
     ax.set_title("Worker-to-server bytes per update, by basis (hatching); colour: the method")
     figures.legend_below(fig, ax, columns=3)
     return fig
