@@ -490,13 +490,18 @@ def clean(run_id, everything):
         except RunIdError as exc:
             _fail(f"--run: {exc}")
     done = cleanup.clean_all(run_id, say=_say, everything=everything)
-    click.echo(f"removed {len(done.removed)} resource(s)")
-    for item in done.removed:
+    click.echo(f"removed {len(done.gone)} resource(s)")
+    for item in done.gone:
         click.echo(f"  {item}")
     if done.kept:
         click.echo(f"kept {len(done.kept)} run(s)' resources:")
         for item in done.kept:
             click.echo(f"  {item}")
+    if done.failed:
+        click.echo(f"could not remove {len(done.failed)} resource(s):")
+        for item in done.failed:
+            click.echo(f"  {item}")
+        _fail("some resources outlived their removal (above, with what to do)", EXIT_FAILED)
 
 
 @main.group()

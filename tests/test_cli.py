@@ -249,6 +249,27 @@ def test_clean_refuses_a_run_id_that_leaves_its_cgroup(monkeypatch):
         assert error_line(invoke("clean", "--run", run_id)).startswith(f"error: --run: invalid run id {run_id!r}")
 
 
+def test_a_network_the_daemon_cannot_free_fails_clean_and_says_what_to_do(monkeypatch):
+    """2026-12-07: a federated run's network kept a dead endpoint ("has active endpoints", no
+    container attached); teardown and clean left it and clean still exited 0."""
+    import emulator.control.cleanup
+    from emulator.backends.docker import stuck_network
+
+    error = "403 Client Error: error while removing network: network emu-01 id 4f2a has active endpoints"
+    why = stuck_network(error, live=[])
+    assert "restart the Docker daemon, then run `emulate clean --all`" in why
+    assert stuck_network(error, live=["emu-01-worker-3"]) == "containers still attached: emu-01-worker-3"
+    assert stuck_network("500 Server Error: busy", live=[]) == "500 Server Error: busy"
+    assert stuck_network(error, live=None) == error  # could not be inspected: the error as the daemon said it
+    line = f"network emu-01 NOT removed: {why}"
+    done = emulator.control.cleanup.Cleaned(removed=["container emu-01-server", line, line])  # one a round
+    assert done.gone == ["container emu-01-server"] and done.failed == [line]
+    monkeypatch.setattr(emulator.control.cleanup, "clean_all", lambda *args, **kwargs: done)
+    result = invoke("clean")
+    assert result.exit_code == 1
+    assert "removed 1 resource(s)" in result.output and f"could not remove 1 resource(s):\n  {line}" in result.output
+
+
 @pytest.mark.parametrize("command", [
     ["run", str(QUICKSTART), "--backend", "swarm"],
     ["compare", str(QUICKSTART), "-m", "asgd", "-m", "adacomp", "--backend", "swarm"],

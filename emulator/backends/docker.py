@@ -527,13 +527,46 @@ def remove_objects(docker_client, objects: list[dict]) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - report, keep cleaning
             removed.append(f"container {obj['name']} NOT removed: {exc}")
     for obj in (o for o in objects if o["kind"] == "network"):
-        for _ in range(5):
+        for attempt in range(5):
             try:
                 docker_client.api.remove_network(obj["id"])
                 removed.append(f"network {obj['name']}")
                 break
             except docker.errors.NotFound:
                 break
-            except Exception:  # noqa: BLE001 - endpoints still detaching
-                time.sleep(0.5)
+            except Exception as exc:  # noqa: BLE001 - endpoints still detaching
+                if attempt == 4:
+                    removed.append(f"network {obj['name']} NOT removed: {stuck_network(str(exc), _live_endpoints(docker_client, obj['id']))}")
+                else:
+                    time.sleep(0.5)
     return removed
+
+
+def _live_endpoints(docker_client, network_id: str) -> list[str] | None:
+    """The names of the existing containers attached to a network (None: it could not be inspected)."""
+    import docker.errors
+
+    try:
+        attached = docker_client.api.inspect_network(network_id).get("Containers") or {}
+    except Exception:  # noqa: BLE001 - gone meanwhile, or the daemon busy: say the error as it is
+        return None
+    live = []
+    for container_id, endpoint in attached.items():
+        try:
+            docker_client.api.inspect_container(container_id)
+            live.append(endpoint.get("Name") or container_id[:12])
+        except docker.errors.NotFound:
+            pass
+    return live
+
+
+def stuck_network(error: str, live: list[str] | None) -> str:
+    """Why a network outlived its removal, and what to do: a daemon that reports "active endpoints"
+    while no existing container is attached keeps a dead endpoint in its own store, which neither
+    ``docker network disconnect -f`` nor a retry clears; only restarting the daemon does."""
+    if "active endpoints" not in error or live is None:
+        return error
+    if live:
+        return f"containers still attached: {', '.join(live)}"
+    return ("the Docker daemon still holds an endpoint of a container that no longer exists (a daemon fault that "
+            "`docker network disconnect -f` does not clear): restart the Docker daemon, then run `emulate clean --all`")

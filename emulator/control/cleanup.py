@@ -32,6 +32,9 @@ LEGACY_CHAIN_PREFIX = "EMU-"  # older emulators' host chains: EMU-PROBE, no owne
 WORKING = ("devices", "checkpoint")  # a run directory's working files, not its records
 
 
+NOT_REMOVED = " NOT removed: "  # how a backend's removal line says it failed, and why
+
+
 @dataclass
 class Cleaned:
     """What :func:`clean_all` did: ``removed`` (a line each), ``kept`` (what it left, grouped by run
@@ -39,6 +42,16 @@ class Cleaned:
 
     removed: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
+
+    @property
+    def gone(self) -> list[str]:
+        """The lines of what was removed."""
+        return [line for line in self.removed if NOT_REMOVED not in line]
+
+    @property
+    def failed(self) -> list[str]:
+        """The resources that outlived their removal, a line each (once, however many rounds tried)."""
+        return list(dict.fromkeys(line for line in self.removed if NOT_REMOVED in line))
 
 
 class _Policy:
