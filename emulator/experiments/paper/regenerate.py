@@ -195,7 +195,9 @@ def bytes_figure(records: list[dict], styles):
         return None
     bases = [(basis, title) for basis, title in (("payload", "payload (compact wire)"), ("wire", "on the interface"),
                                                  ("authors", "authors' format")) if any(s[basis] for s in sizes.values())]
-    fig = Figure(figsize=(8.5, 1.6 + 0.45 * len(sizes) * len(bases) / 1.5), dpi=figures.DPI, layout="constrained")
+    names = [figures.wrap_label(label, 60) for label in sizes]  # a federated spec is 120 characters
+    row = max(0.3 * len(bases), 0.15 * max(name.count("\n") + 1 for name in names))  # inches a method takes
+    fig = Figure(figsize=(8.5, 1.6 + row * len(sizes)), dpi=figures.DPI, layout="constrained")
     ax = fig.add_subplot()
     height = 0.8 / len(bases)
     hatches = {"payload": "", "wire": "//", "authors": ".."}
@@ -207,13 +209,13 @@ def bytes_figure(records: list[dict], styles):
             ax.barh(y, s[basis], height=height * 0.9, color=styles(label)["color"], hatch=hatches[basis],
                     edgecolor="white", label=title if i == 0 else None)
             ax.text(s[basis], y, f" {s[basis]:,.0f} B", va="center", ha="left", fontsize="x-small")
-    ax.set_yticks(range(len(sizes)), [figures.wrap_label(label, 30) for label in sizes], fontsize="x-small")
+    ax.set_yticks(range(len(sizes)), names, fontsize="x-small")
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(figures.BYTES)
     ax.set_xlim(right=ax.get_xlim()[1] * 8)  # room for the labels
     ax.set_xlabel("bytes per applied push (log)")
-    ax.set_title("Worker-to-server bytes per update, by basis (hatching); colour: the method")
+    ax.set_title("Worker-to-server bytes per push; hatching: the basis", loc="right")
     figures.legend_below(fig, ax, columns=3)
     return fig
 
