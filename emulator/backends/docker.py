@@ -563,7 +563,8 @@ def _live_endpoints(docker_client, network_id: str) -> list[str] | None:
 def stuck_network(error: str, live: list[str] | None) -> str:
     """Why a network outlived its removal, and what to do: a daemon that reports "active endpoints"
     while no existing container is attached keeps a dead endpoint in its own store, which neither
-    ``docker network disconnect -f`` nor a retry clears; only restarting the daemon does."""
+    ``docker network disconnect -f`` nor a retry clears; only restarting the daemon does (its log
+    then says "Fixing inconsistent endpoint_cnt"; moby/moby#42119)."""
     if "active endpoints" not in error or live is None:
         return error
     if live:
