@@ -83,11 +83,11 @@ BYTES = BinaryBytes("B")
 BYTE_RATE = BinaryBytes("B/s")
 
 
-def _bytes_axis(axis, formatter: BinaryBytes = BYTE_RATE) -> None:
+def bytes_axis(axis, formatter: BinaryBytes = BYTE_RATE, log_ticks: int = 10) -> None:
     """Label a byte (or byte-rate) axis in KiB/MiB/GiB, ticks at round binary multiples; a log
-    axis gets its ticks at powers of 2 (1 KiB, 4 KiB, 16 KiB, ...)."""
+    axis gets at most ``log_ticks`` ticks at powers of 2 (1 KiB, 4 KiB, 16 KiB, ...)."""
     if axis.get_scale() == "log":
-        axis.set_major_locator(LogLocator(base=2.0, numticks=10))
+        axis.set_major_locator(LogLocator(base=2.0, numticks=log_ticks))
         axis.set_minor_locator(NullLocator())
         axis.set_minor_formatter(NullFormatter())
     else:
@@ -310,7 +310,7 @@ def _log_bytes(axis, set_scale) -> None:
     """A log byte axis labelled in KiB, MiB, GiB, at powers of 2."""
     set_scale("log")
     axis.axes.autoscale_view()  # the limits are computed lazily: settle them before the locator reads them
-    _bytes_axis(axis, BYTES)
+    bytes_axis(axis, BYTES)
     axis.set_tick_params(which="both", labelsize="small")
 
 
@@ -378,7 +378,7 @@ def ingress_rate(per_second: pd.DataFrame, faults: pd.DataFrame | None = None) -
     _fault_markers(ax, faults, (x.min() - 1, x.max() + 1))
     ax.set_xlabel("training time (s)")
     ax.set_ylabel("ingress rate (bytes/s, stacked)")
-    _bytes_axis(ax.yaxis)
+    bytes_axis(ax.yaxis)
     handles = ax.get_legend_handles_labels()[0]
     _legend(ax, len(handles), outside=faults is not None and len(faults) > 0)
     return fig
@@ -401,7 +401,7 @@ def traffic_both_ways(per_second: Mapping[str, pd.DataFrame]) -> Figure | None:
     values = values[values > 0]
     if len(values) and values.max() / values.min() > 20:
         ax.set_yscale("log")  # a compressed push beside a dense pull: orders of magnitude apart
-    _bytes_axis(ax.yaxis)
+    bytes_axis(ax.yaxis)
     ax.set_xlabel("training time (s)")
     ax.set_ylabel("bytes per second (5 s moving average)")
     _legend(ax, 2 * len(drawn), outside=len(drawn) > 2)
@@ -556,7 +556,7 @@ def link_utilisation(net: pd.DataFrame, faults: pd.DataFrame | None = None,
         else:
             ax.set_ylim(bottom=0)
             ax.set_ylabel(f"{what} (bytes/s)" + (", configured dotted" if limits else ""))
-        _bytes_axis(ax.yaxis)
+        bytes_axis(ax.yaxis)
     top.set_title("Link utilisation per device (network interface counters)")
     bottom.set_xlabel("training time (s)")
     _legend(top, len(top.get_legend_handles_labels()[0]), outside=faults is not None and len(faults) > 0)
@@ -730,7 +730,7 @@ def sweep_metric(aggregate: pd.DataFrame, x_key: str, metric: str, series_keys: 
         if len(values) and values.min() > 0 and values.max() / values.min() > 20:
             _log_bytes(ax.yaxis, ax.set_yscale)
         else:
-            _bytes_axis(ax.yaxis, BYTES)
+            bytes_axis(ax.yaxis, BYTES)
     n = aggregate["n"] if "n" in aggregate else pd.Series(dtype=float)
     if len(n) and n.max() < 2:
         ax.text(0.99, 0.02, "one repetition per point: no interval", transform=ax.transAxes, ha="right",
@@ -741,6 +741,6 @@ def sweep_metric(aggregate: pd.DataFrame, x_key: str, metric: str, series_keys: 
 
 
 __all__ = [
-    "accuracy_vs_ingress", "accuracy_vs_time", "accuracy_vs_updates", "cpu_utilisation", "ingress_rate",
+    "accuracy_vs_ingress", "accuracy_vs_time", "accuracy_vs_updates", "bytes_axis", "cpu_utilisation", "ingress_rate",
     "link_utilisation", "mean_band", "Styles", "legend_below", "legend_columns", "save", "wrap_label", "staleness_histogram", "sweep_metric", "traffic_both_ways", "worker_share",
 ]

@@ -212,8 +212,8 @@ def bytes_figure(records: list[dict], styles):
     ax.set_yticks(range(len(sizes)), names, fontsize="x-small")
     ax.invert_yaxis()
     ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(figures.BYTES)
     ax.set_xlim(right=ax.get_xlim()[1] * 8)  # room for the labels
+    figures.bytes_axis(ax.xaxis, figures.BYTES, log_ticks=6)  # powers of 2 in KiB/MiB, spaced so labels do not touch
     ax.set_xlabel("bytes per applied push (log)")
     ax.set_title("Worker-to-server bytes per push; hatching: the basis", loc="right")
     figures.legend_below(fig, ax, columns=3)
