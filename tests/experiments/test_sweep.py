@@ -202,7 +202,14 @@ def test_ctrl_c_stops_the_sweep_and_records_what_did_not_run(scenario, tmp_path)
             self.interrupted = True
 
     runner = Interrupting()
-    result = run_sweep(Sweep.from_options(scenario, ["seed=1,2,3"]), tmp_path / "sweep", jobs=1, runner=runner, say=lambda m: None)
+    # Python leaves SIGINT ignored when it starts ignored (a suite launched with nohup ... &): give it
+    # the terminal's Ctrl-C behaviour for this test, whatever launched the suite.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result = run_sweep(Sweep.from_options(scenario, ["seed=1,2,3"]), tmp_path / "sweep", jobs=1, runner=runner,
+                           say=lambda m: None)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert result.interrupted and runner.interrupted
     assert [r["status"] for r in result.runs] == ["completed", "interrupted", "interrupted"]
     data = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
