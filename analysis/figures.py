@@ -314,28 +314,31 @@ def _log_bytes(axis, set_scale) -> None:
     axis.set_tick_params(which="both", labelsize="small")
 
 
-def accuracy_vs_time(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]], styles: Styles | None = None) -> Figure | None:
+def accuracy_vs_time(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]], styles: Styles | None = None,
+                     title: str = "Test accuracy over time") -> Figure | None:
     """Test accuracy against training time; ``curves`` maps a label to accuracy table(s).
 
     Several tables under one label (repetitions) share its colour, in line styles solid, dashed,
-    dotted, dash-dot; the same holds for the other accuracy figures.
+    dotted, dash-dot; the same holds for the other accuracy figures. Name the experiment in
+    ``title``: a title set afterwards would cover the note on what the band is.
     """
-    return _accuracy(curves, "model_time_s", "Test accuracy over time", "training time of the evaluated snapshot (s)",
-                     styles=styles)
+    return _accuracy(curves, "model_time_s", title, "training time of the evaluated snapshot (s)", styles=styles)
 
 
-def accuracy_vs_updates(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]], styles: Styles | None = None) -> Figure | None:
+def accuracy_vs_updates(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]], styles: Styles | None = None,
+                        title: str = "Test accuracy over updates") -> Figure | None:
     """Test accuracy against the number of updates the server applied (model version)."""
-    return _accuracy(curves, "version", "Test accuracy over updates", "updates applied by the server", styles=styles)
+    return _accuracy(curves, "version", title, "updates applied by the server", styles=styles)
 
 
-def accuracy_vs_ingress(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]], styles: Styles | None = None) -> Figure | None:
+def accuracy_vs_ingress(curves: Mapping[str, pd.DataFrame | Sequence[pd.DataFrame]], styles: Styles | None = None,
+                        title: str = "Test accuracy against traffic received by the server") -> Figure | None:
     """Test accuracy against cumulative ingress at the server (log x): the paper's trade-off.
 
     Tables need ``ingress_bytes`` (see :func:`analysis.runs.accuracy_with_ingress`).
     """
-    return _accuracy(curves, "ingress_bytes", "Test accuracy against traffic received by the server",
-                     "cumulative ingress payload at the server (bytes, log scale)", log_x=True, styles=styles)
+    return _accuracy(curves, "ingress_bytes", title, "cumulative ingress payload at the server (bytes, log scale)", log_x=True,
+                     styles=styles)
 
 
 def _fault_markers(ax, faults: pd.DataFrame | None, x_range: tuple[float, float] | None = None) -> None:
@@ -449,16 +452,21 @@ def staleness_histogram(updates: Mapping[str, pd.DataFrame | Sequence[pd.DataFra
 
 
 def worker_share(shares: pd.Series, groups: Mapping[int, str] | None = None, cpus: Mapping[int, float] | None = None,
-                 bounds: Mapping[int, str] | None = None) -> Figure | None:
+                 bounds: Mapping[int, str] | None = None, title: str = "Share of applied updates per worker") -> Figure | None:
     """Each worker's share of the applied updates (bars, coloured by worker group), equal share dashed.
 
     ``groups`` colours the bars by worker group; under each worker's number (up to 20 workers),
     ``bounds`` says what bounded it (``downlink 95%``: :func:`analysis.bounds.short_label`), which
-    is what explains unequal shares, else ``cpus`` its planned CPU quota.
+    is what explains unequal shares, else ``cpus`` its planned CPU quota. Workers in index order;
+    a long ``title`` (one that names the run) is wrapped.
     """
+    import textwrap
+
     if shares is None or shares.empty or shares.sum() == 0:
         return None
-    fig, ax = _figure("Share of applied updates per worker")
+    shares = shares.sort_index()
+    fig, ax = _figure("\n".join(textwrap.wrap(title, 100)))
+    ax.title.set_fontsize("small")
     workers = list(shares.index)
     names = [(groups or {}).get(w, "workers") for w in workers]
     palette = {name: f"C{i % 10}" for i, name in enumerate(dict.fromkeys(names))}
@@ -475,7 +483,7 @@ def worker_share(shares: pd.Series, groups: Mapping[int, str] | None = None, cpu
                   rotation=0 if len(workers) <= 30 else 90)
     ax.set_xlabel("worker" + (f" ({under[1]})" if labelled else ""))
     ax.set_ylabel("share of applied updates")
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0 if shares.max() >= 0.1 else 1))  # 64 workers: 1.6 %
     ax.legend(fontsize="small")
     return fig
 

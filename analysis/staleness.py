@@ -40,9 +40,11 @@ def staleness_figures(updates: pd.DataFrame) -> dict[str, float | int | None]:
     return out
 
 
-def staleness_by_workers(groups: Mapping[tuple[str, int], Sequence[pd.DataFrame]]) -> Figure | None:
-    """d (left) and sigma / d (right) per method against the number of workers: the median of the
-    updates pooled over a point's runs, and their 25th-75th percentile range as a bar."""
+def staleness_by_workers(groups: Mapping[tuple[str, int], Mapping[str, np.ndarray]], styles=None) -> Figure | None:
+    """d (left) and sigma / d (right) per method against the number of workers: the median of a
+    point's values (its runs pooled: :func:`pooled_values` from update tables, or the records'
+    histograms) and their 25th-75th percentile range as a bar; ``styles`` (label -> its
+    :class:`analysis.figures.Styles` entry) keeps each method's colour from the other figures."""
     if not groups:
         return None
     fig = Figure(figsize=(10, 4.4), dpi=120, layout="constrained")
@@ -53,8 +55,7 @@ def staleness_by_workers(groups: Mapping[tuple[str, int], Sequence[pd.DataFrame]
         for ax, column in ((left, "staleness"), (right, "sigma_over_d")):
             xs, mid, low, high = [], [], [], []
             for w in workers:
-                tables = groups.get((method, w), [])
-                values = _pooled(tables, column)
+                values = np.asarray(groups.get((method, w), {}).get(column, ()), float)
                 if values.size == 0:
                     continue
                 xs.append(w * (1 + 0.06 * (i - (len(methods) - 1) / 2)))  # side by side on the log axis
@@ -63,7 +64,8 @@ def staleness_by_workers(groups: Mapping[tuple[str, int], Sequence[pd.DataFrame]
                 low.append(q50 - q25)
                 high.append(q75 - q50)
             if xs:
-                ax.errorbar(xs, mid, yerr=[low, high], marker="o", linestyle="-", capsize=4, color=f"C{i % 10}", label=method)
+                colour = styles(method)["color"] if styles else f"C{i % 10}"
+                ax.errorbar(xs, mid, yerr=[low, high], marker="o", linestyle="-", capsize=4, color=colour, label=method)
     for ax, label in ((left, "staleness d (updates), median and IQR"), (right, "sigma / d (AdaComp), median and IQR")):
         ax.set_xscale("log", base=2)
         ax.set_xlim(min(workers) / 1.5, max(workers) * 1.5)  # room for the side-by-side offsets, even at one count
@@ -76,18 +78,18 @@ def staleness_by_workers(groups: Mapping[tuple[str, int], Sequence[pd.DataFrame]
     return fig
 
 
-def _pooled(tables: Sequence[pd.DataFrame], column: str) -> np.ndarray:
-    pieces = []
+def pooled_values(tables: Sequence[pd.DataFrame]) -> dict[str, np.ndarray]:
+    """d and, where the tables have sigma, sigma / d (over d > 0) of the updates of several runs."""
+    delays, shares = [], []
     for table in tables:
-        if column == "sigma_over_d":
-            if "sigma" not in table:
-                continue
+        if "staleness" in table:
+            delays.append(pd.to_numeric(table["staleness"], errors="coerce").dropna().to_numpy())
+        if "sigma" in table:
             both = table[["staleness", "sigma"]].apply(pd.to_numeric, errors="coerce").dropna()
             both = both[both["staleness"] > 0]
-            pieces.append((both["sigma"] / both["staleness"]).to_numpy())
-        elif column in table:
-            pieces.append(pd.to_numeric(table[column], errors="coerce").dropna().to_numpy())
-    return np.concatenate(pieces) if pieces else np.array([])
+            shares.append((both["sigma"] / both["staleness"]).to_numpy())
+    return {"staleness": np.concatenate(delays) if delays else np.array([]),
+            "sigma_over_d": np.concatenate(shares) if shares else np.array([])}
 
 
-__all__ = ["staleness_by_workers", "staleness_figures"]
+__all__ = ["pooled_values", "staleness_by_workers", "staleness_figures"]

@@ -23,12 +23,18 @@ from analysis.outcomes import CONFIDENCE, mean_ci, t_central, t_quantile  # noqa
 
 METRICS = ("final_accuracy", "ingress_payload_bytes", "egress_payload_bytes", "two_way_bytes_per_update", "updates", "duration_s")
 SHARDED = ("busiest_server_ingress_bytes",)  # a column of its own where some run split its model over several servers
+FAULTS = ("crashes", "lost_updates")  # columns of their own where a run of the table had a crash
+PAIRED_INTRO = ("Each point against its baseline (the first value of the first grid key, the other keys equal), paired by "
+                "repetition (the same seed), Holm-adjusted over the sweep's comparisons; 95 % Student-t intervals, pairs in "
+                "brackets:")
 
 
 def metrics_for(table: pd.DataFrame) -> tuple[str, ...]:
-    """:data:`METRICS`, and the busiest server's ingress where a run of the table had several servers."""
+    """:data:`METRICS`, the busiest server's ingress where a run of the table had several servers,
+    and the workers' crashes and the pushes they lost where a run had a crash."""
     several = "servers" in table and bool((table["servers"].fillna(1) > 1).any())
-    return METRICS + SHARDED if several else METRICS
+    crashed = "crashes" in table and bool((table["crashes"].fillna(0) > 0).any())
+    return METRICS + (SHARDED if several else ()) + (tuple(m for m in FAULTS if m in table) if crashed else ())
 
 
 # -- tables ------------------------------------------------------------------------------
@@ -107,6 +113,8 @@ def _cell(metric: str, mean: float, half: float) -> str:
         "two_way_bytes_per_update": format_bytes,
         "updates": lambda v: f"{v:,.0f}",
         "duration_s": lambda v: f"{v:.1f} s",
+        "crashes": lambda v: f"{v:,.1f}",
+        "lost_updates": lambda v: f"{v:,.1f}",
     }.get(metric, lambda v: f"{v:.4g}")
     return fmt(mean) if math.isnan(half) else f"{fmt(mean)} ± {fmt(half)}"
 
@@ -114,7 +122,7 @@ def _cell(metric: str, mean: float, half: float) -> str:
 def aggregate_rows(agg: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str] | None = None) -> tuple[list[str], list[list[str]]]:
     """Headers and text rows of the aggregate table (``mean ± half-width``), for Markdown and HTML;
     ``metrics``: by default every one :func:`aggregate` computed."""
-    metrics = [m for m in METRICS + SHARDED if f"{m}_mean" in agg] if metrics is None else metrics
+    metrics = [m for m in METRICS + SHARDED + FAULTS if f"{m}_mean" in agg] if metrics is None else metrics
     headers = [*keys, "runs (completed)", "diverged or dead (95% CI, exact)",
                f"final accuracy, trained runs (mean of last {outcomes.LAST_K} evaluations ± 95% CI)",
                *(f"{m} (mean ± 95% CI)" for m in metrics)]
@@ -126,6 +134,67 @@ def aggregate_rows(agg: pd.DataFrame, keys: Sequence[str], metrics: Sequence[str
         rows.append([str(row[k]) for k in keys] + [f"{row['runs']} ({row['n']}{marked})", outcomes.rate_cell(rate),
                      _cell("final_accuracy", row.get("trained_accuracy_mean", math.nan), row.get("trained_accuracy_ci95", math.nan))]
                     + [_cell(m, row[f"{m}_mean"], row[f"{m}_ci95"]) for m in metrics])
+    return headers, rows
+
+
+def paired_to_first(table: pd.DataFrame, keys: Sequence[str], confidence: float = CONFIDENCE) -> tuple[list[str], list[list[str]]]:
+    """Each grid point against its baseline, run by run: the point with the first value of the first
+    grid key and the same values of the others. Repetition r of every point has the same seed, so
+    the differences are paired. Per point: the rates of runs that diverged or died (Fisher's exact
+    test), final accuracy (mean of the last evaluations; pairs where both runs trained) and updates
+    applied (pairs where both completed), each a paired Student-t interval and p-value,
+    Holm-adjusted over the sweep's comparisons (one family per quantity). No rows for a table
+    without repetitions or a first key with one value."""
+    if table.empty or not keys or "repetition" not in table or "point" not in table:
+        return [], []
+    labelled = table.assign(**{k: table[k].map(lambda v: str(value_label(v))) for k in keys})
+    order = labelled.drop_duplicates("point").sort_values("point")
+    if order[keys[0]].nunique() < 2:
+        return [], []
+    done = labelled[labelled["status"] == "completed"] if "status" in labelled else labelled
+
+    def by_repetition(point) -> dict:
+        return {int(r["repetition"]): r for r in done[done["point"] == point].to_dict("records")}
+
+    baselines: dict[tuple, int] = {}
+    compared = []
+    for row in order.to_dict("records"):
+        rest = tuple(row[k] for k in keys[1:])
+        if rest not in baselines:
+            baselines[rest] = row["point"]
+        else:
+            compared.append((row, baselines[rest]))
+    tests: dict[str, list[dict]] = {"rate": [], "accuracy": [], "updates": []}
+    for row, baseline in compared:
+        mine, first = by_repetition(row["point"]), by_repetition(baseline)
+        not_trained = [sum(not outcomes.trained(r) for r in runs.values()) for runs in (mine, first)]
+        tests["rate"].append(outcomes.compare_rates(not_trained[0], len(mine), not_trained[1], len(first)))
+        common = sorted(set(mine) & set(first))
+        tests["accuracy"].append(outcomes.paired_difference(
+            [(mine[i].get("final_accuracy_last_k"), first[i].get("final_accuracy_last_k")) for i in common
+             if outcomes.trained(mine[i]) and outcomes.trained(first[i])], confidence))
+        tests["updates"].append(outcomes.paired_difference([(mine[i].get("updates"), first[i].get("updates")) for i in common],
+                                                           confidence))
+    for family in tests.values():
+        outcomes.adjust_family(family)
+    word = {"A better": "higher", "B better": "lower"}
+
+    def difference(test: dict, form: str) -> str:
+        if test.get("mean") is None:
+            return "-"
+        half = "" if test.get("half_width") is None else f" ± {test['half_width']:{form}}"
+        return (f"{test['mean']:+{form}}{half} ({test['n']}); p {outcomes.p_cell(test.get('p'))}, Holm "
+                f"{outcomes.p_cell(test.get('p_holm'))}: {word.get(test['verdict'], test['verdict'])}")
+
+    headers = [*keys, f"against {keys[0]} =", "diverged or dead: this point against its baseline (Fisher's exact p, Holm)",
+               f"final accuracy minus the baseline's (trained pairs; mean of last {outcomes.LAST_K} evaluations)",
+               "updates minus the baseline's"]
+    rows = []
+    for (row, baseline), rate, accuracy, updates in zip(compared, tests["rate"], tests["accuracy"], tests["updates"]):
+        rows.append([*(row[k] for k in keys), order[order["point"] == baseline][keys[0]].iloc[0],
+                     f"{rate['a']['x']} of {rate['a']['n']} against {rate['b']['x']} of {rate['b']['n']}; p "
+                     f"{outcomes.p_cell(rate['p'])}, Holm {outcomes.p_cell(rate['p_holm'])}",
+                     difference(accuracy, ".4f"), difference(updates, ",.0f")])
     return headers, rows
 
 
@@ -151,9 +220,12 @@ def write_tables(collection, out: str | Path | None = None) -> pd.DataFrame:
             "runs that did not complete are counted but not averaged. A run that diverged or died is a yes/no outcome: its "
             "rate has the exact (Clopper-Pearson) interval, and final accuracy is the mean of each trained run's last "
             f"{outcomes.LAST_K} evaluations, over the runs that trained only.", "", markdown_table(headers, rows)]
+    headers, rows = paired_to_first(collection.table(), keys)
+    if rows:
+        text += ["", PAIRED_INTRO, "", markdown_table(headers, rows)]
     (out / "sweep.md").write_text("\n".join(text))
     return agg
 
 
-__all__ = ["METRICS", "SHARDED", "aggregate", "aggregate_rows", "markdown_table", "mean_ci", "metrics_for", "plotted_keys", "t_central",
+__all__ = ["FAULTS", "METRICS", "PAIRED_INTRO", "SHARDED", "aggregate", "aggregate_rows", "markdown_table", "mean_ci", "metrics_for", "paired_to_first", "plotted_keys", "t_central",
            "t_quantile", "value_label", "write_tables"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis.staleness import staleness_by_workers, staleness_figures
+from analysis.staleness import pooled_values, staleness_by_workers, staleness_figures
 
 
 def test_staleness_figures_of_an_adacomp_run():
@@ -26,8 +26,13 @@ def test_the_figure_has_a_point_per_method_and_worker_count():
     runs = {("adacomp", 4): [pd.DataFrame({"staleness": [1, 3, 5], "sigma": [0.0, 1.0, 1.0]})],
             ("adacomp", 16): [pd.DataFrame({"staleness": [10, 15, 20], "sigma": [1.0, 2.0, 1.0]})],
             ("comp_c", 4): [pd.DataFrame({"staleness": [2, 3, 4]})]}
-    fig = staleness_by_workers(runs)
+    fig = staleness_by_workers({point: pooled_values(tables) for point, tables in runs.items()})
     left, right = fig.axes[:2]
     assert sorted(len(line.get_xdata()) for line in left.get_lines() if line.get_marker() == "o") == [1, 2]
     assert [len(line.get_xdata()) for line in right.get_lines() if line.get_marker() == "o"] == [2]
     assert staleness_by_workers({}) is None
+
+
+def test_pooled_values_join_runs_and_keep_sigma_over_positive_delays():
+    got = pooled_values([pd.DataFrame({"staleness": [0, 4], "sigma": [0.0, 1.0]}), pd.DataFrame({"staleness": [2]})])
+    assert list(got["staleness"]) == [0, 4, 2] and list(got["sigma_over_d"]) == [0.25]

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis.runs import load_collection
-from analysis.sweep import aggregate, mean_ci, plotted_keys, t_central, t_quantile, value_label, write_tables
+from analysis.sweep import FAULTS, METRICS, aggregate, mean_ci, metrics_for, paired_to_first, plotted_keys, t_central, t_quantile, value_label, write_tables
 from emulator.cli import main
 from emulator.experiments.sweep import (
     SEED_STRIDE, Axis, Sweep, SweepError, default_jobs, grid_points, repetition_seed, run_id, run_sweep, split_values,
@@ -316,6 +316,34 @@ def test_aggregate_averages_completed_repetitions_per_point():
     assert second["final_accuracy_mean"] == 0.5 and math.isnan(second["final_accuracy_ci95"])  # the failed run is left out
 
 
+def test_each_point_is_paired_with_its_baseline_by_repetition_and_holm_adjusted():
+    def run(point, rate, method, repetition, accuracy, updates, outcome="ok"):
+        return {"point": point, "rate": rate, "method.name": method, "repetition": repetition, "status": "completed",
+                "outcome": outcome, "final_accuracy_last_k": accuracy, "updates": updates}
+
+    table = pd.DataFrame([
+        run(0, 0, "asgd", 0, 0.80, 100), run(0, 0, "asgd", 1, 0.70, 110), run(0, 0, "asgd", 2, 0.90, 90),
+        run(1, 0, "adacomp", 0, 0.50, 50), run(1, 0, "adacomp", 1, 0.50, 50),
+        run(2, 30, "asgd", 0, 0.75, 80), run(2, 30, "asgd", 1, 0.60, 100), run(2, 30, "asgd", 2, 0.10, 70, "diverged"),
+        run(3, 30, "adacomp", 0, 0.40, 40), run(3, 30, "adacomp", 1, 0.45, 45),
+    ])
+    headers, rows = paired_to_first(table, ["rate", "method.name"])
+    assert headers[:3] == ["rate", "method.name", "against rate ="] and [r[:3] for r in rows] == [["30", "asgd", "0"], ["30", "adacomp", "0"]]
+    asgd, adacomp = rows
+    assert asgd[3].startswith("1 of 3 against 0 of 3; p 1,")  # Fisher's exact: 1 of 3 cannot be told from 0 of 3
+    # trained pairs only: repetitions 0 and 1, differences -0.05 and -0.10; updates over all three: -20, -10, -20
+    assert asgd[4].startswith("-0.0750 ± 0.3177 (2);")  # 12.706 (t, 1 degree of freedom) x 0.025 (standard error)
+    assert adacomp[4].startswith("-0.0750 ± 0.3177 (2);") and adacomp[5].startswith("-8 ± 32 (2);")
+    assert asgd[5].startswith("-17 ± 14 (3);") and asgd[5].endswith("can't tell")
+    assert paired_to_first(table.drop(columns="repetition"), ["rate", "method.name"]) == ([], [])
+    assert paired_to_first(table[table["rate"] == 0], ["rate", "method.name"]) == ([], [])
+
+
+def test_crashes_and_lost_pushes_are_columns_only_where_a_run_crashed():
+    calm = pd.DataFrame({"crashes": [0, 0], "lost_updates": [0, 0]})
+    assert metrics_for(calm) == METRICS and metrics_for(calm.assign(crashes=[0, 3])) == METRICS + FAULTS
+
+
 def test_grid_values_become_labels_and_methods_become_lines():
     assert value_label({"uniform": [0.1, 0.3]}) == "{uniform: [0.1, 0.3]}"
     assert value_label(30) == 30 and value_label("asgd") == "asgd"
@@ -339,6 +367,7 @@ def test_sweep_tables_and_report_from_a_sweep_directory(scenario, tmp_path):
     assert ("| faults.crash.rate_per_hour | method.name | runs (completed) | diverged or dead (95% CI, exact) | "
             "final accuracy, trained runs (mean of last 3 evaluations ± 95% CI) | final_accuracy (mean ± 95% CI) |") in md
     assert "| 0 of 2 (0%; 0%-84%) |" in md  # no run diverged: the rate and its exact interval
+    assert "Each point against its baseline" in md and md.count("| 0 of 2 against 0 of 2; p 1, Holm 1 |") == 4
     assert set(agg["not_trained"]) == {0} and set(agg["trained"]) == {2}
     assert " ± " in md
     result = CliRunner().invoke(main, ["report", str(tmp_path / "sweep")])

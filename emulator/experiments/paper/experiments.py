@@ -98,7 +98,7 @@ def staleness_experiment(profile: Profile, out: Path, backend: str, dataset: str
     sigma / d AdaComp's rule divides by, and AdaComp's accuracy minus Comp-c's (paired)."""
     import pandas as pd
 
-    from analysis.staleness import staleness_by_workers, staleness_figures
+    from analysis.staleness import pooled_values, staleness_by_workers, staleness_figures
 
     if not profile.staleness_workers:
         return Section("Staleness against the number of workers", ["Not in this profile."], [], "-")
@@ -139,7 +139,7 @@ def staleness_experiment(profile: Profile, out: Path, backend: str, dataset: str
             verdict = {"A better": f"{pair['a']} better", "B better": f"{pair['b']} better"}.get(accuracy["verdict"], accuracy["verdict"])
             differences.append(f"| {workers} | {pair['b']} - {pair['a']}: {negate(cell)} | {verdict} |")
     images = []
-    fig = staleness_by_workers(groups)
+    fig = staleness_by_workers({point: pooled_values(tables) for point, tables in groups.items()})
     if fig is not None:
         figures.save(fig, out / "staleness_vs_workers.png")
         images.append("staleness_vs_workers.png")

@@ -129,20 +129,18 @@ def sweep_figures(name: str, collection, out: Path, label_key: str) -> list[str]
             continue
         value = values.get(run.path.name, {}).get(label_key)
         curves.setdefault(f"{label_key.split('.')[-1]} = {value}", []).append(run.accuracy)
-    fig = figures.accuracy_vs_time(curves)
+    fig = figures.accuracy_vs_time(curves, title=f"Test accuracy over time: {name}")
     if fig is not None:
-        fig.axes[0].set_title(f"Test accuracy over time: {name}")
         figures.save(fig, out / f"{name}_accuracy_vs_time.png")
         made.append(f"{name}_accuracy_vs_time.png")
     if collection.runs:
         last = collection.runs[-1]
         shares = worker_shares(last.updates, last.worker_names)
         cpus = {w["index"]: w["cpus"] for w in last.plan.get("workers", [])}
-        fig = figures.worker_share(shares, cpus=cpus)
+        value = values.get(last.path.name, {}).get(label_key)
+        fig = figures.worker_share(shares, cpus=cpus, title=f"Share of applied updates per worker: run {last.run_id} "
+                                   f"({label_key} = {value}, seed {last.plan.get('seed', last.summary.get('seed'))})")
         if fig is not None:
-            value = values.get(last.path.name, {}).get(label_key)
-            fig.axes[0].set_title(f"Share of applied updates per worker: run {last.run_id} ({label_key} = {value}, "
-                                  f"seed {last.plan.get('seed', last.summary.get('seed'))})", fontsize="small")
             figures.save(fig, out / f"{name}_worker_share.png")
             made.append(f"{name}_worker_share.png")
     return made

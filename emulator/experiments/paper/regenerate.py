@@ -55,6 +55,9 @@ def regenerate(records_dir: Path, out: Path, command: str) -> Path:
     styles = figures.Styles([r["label"] for name in names for r in groups[name] if r.get("label")])
     out.mkdir(parents=True, exist_ok=True)
     sections = [renderer(name, groups[name])(name, groups[name], out, styles) for name in names]
+    across = [n for n in names if re.fullmatch(r"staleness-\d+", n)]
+    if across and staleness_across([r for n in across for r in groups[n]], out, styles):
+        sections[names.index(across[-1])].images.append(STALENESS_FIGURE)
     size = sum(p.stat().st_size for p in records_dir.rglob(f"*{SUFFIX}"))
     commits = sorted({r["provenance"].get("commit") or "unknown" for r in records})
     lines = [TITLE, "",
@@ -240,6 +243,31 @@ def staleness_table(records: list[dict]) -> list[str]:
             "and its push; sigma / d, AdaComp's divisor as a share of d (AdaComp only; binned by 0.005).", "", *lines]
 
 
+STALENESS_FIGURE = "staleness_vs_workers.png"
+
+
+def staleness_across(records: list[dict], out: Path, styles) -> bool:
+    """d and sigma / d against the number of workers over the ``staleness-<workers>`` comparisons,
+    from the records' histograms (sigma / d binned by 0.005), as the driver draws them from the
+    runs' update tables; False where no record has a histogram."""
+    from analysis.staleness import staleness_by_workers
+
+    points: dict[tuple[str, int], dict[str, list]] = {}
+    for r in records:
+        if not r.get("staleness", {}).get("d_histogram"):
+            continue
+        point = points.setdefault((r["label"], int(r["summary"]["workers"])), {"staleness": [], "sigma_over_d": []})
+        for column, key in (("staleness", "d_histogram"), ("sigma_over_d", "sigma_over_d_histogram")):
+            histogram = r["staleness"].get(key) or {}
+            point[column].append(np.repeat([float(v) for v in histogram], [int(c) for c in histogram.values()]))
+    fig = staleness_by_workers({p: {c: np.concatenate(v) if v else np.array([]) for c, v in columns.items()}
+                                for p, columns in points.items()}, styles)
+    if fig is None:
+        return False
+    figures.save(fig, out / STALENESS_FIGURE)
+    return True
+
+
 def _pooled(records: list[dict], key: str) -> dict[float, int]:
     pooled: dict[float, int] = {}
     for r in records:
@@ -273,42 +301,45 @@ def sweep_table(records: list[dict]) -> tuple[pd.DataFrame, list[str]]:
         values = tuple(str(r["provenance"]["grid"].get(k)) for k in keys)
         point = points.setdefault(values, len(points))
         s = r["summary"]
-        rows.append({**{k: r["provenance"]["grid"].get(k) for k in keys}, "point": point, "status": r["row"].get("status"),
+        rows.append({**{k: r["provenance"]["grid"].get(k) for k in keys}, "point": point, "repetition": r["repeat"],
+                     "status": r["row"].get("status"),
                      "outcome": r["row"].get("outcome"), "final_accuracy": r["row"].get("final_accuracy"),
                      "final_accuracy_last_k": r["row"].get("final_accuracy_last_k"),
                      "ingress_payload_bytes": s.get("ingress_payload_bytes"), "egress_payload_bytes": s.get("egress_payload_bytes"),
                      "ingress_wire_bytes": s.get("ingress_wire_bytes"), "two_way_bytes_per_update": s.get("two_way_bytes_per_update"),
                      "updates": s.get("updates_applied"), "duration_s": s.get("duration_s"), "label": r["label"],
+                     "crashes": (s.get("faults") or {}).get("crash", 0), "lost_updates": s.get("lost_updates"),
                      "run_id": r["run_id"]})
     return pd.DataFrame(rows), keys
 
 
 def sweep_section(name: str, records: list[dict], out: Path, styles) -> Section:
-    from analysis.sweep import aggregate, aggregate_rows, markdown_table
+    from analysis.sweep import PAIRED_INTRO, aggregate, aggregate_rows, markdown_table, paired_to_first
 
     table, keys = sweep_table(records)
     headers, rows = aggregate_rows(aggregate(table, keys), keys)
     body = [_run_time(records) + ".", "", _fidelity(records), "", markdown_table(headers, rows)]
+    headers, rows = paired_to_first(table, keys)
+    if rows:
+        body += [PAIRED_INTRO, "", markdown_table(headers, rows)]
     images = []
     curves: dict[str, list] = {}
     for r in records:
         if r["row"].get("status") == "completed":
             point = ", ".join(f"{k.split('.')[-1]} = {r['provenance']['grid'].get(k)}" for k in keys)
             curves.setdefault(point, []).append(accuracy_table(r))
-    fig = figures.accuracy_vs_time(curves)
+    fig = figures.accuracy_vs_time(curves, title=f"Test accuracy over time: {name}")
     if fig is not None:
-        fig.axes[0].set_title(f"Test accuracy over time: {name}", fontsize="medium")
         images.append(f"{_slug(name)}_accuracy_vs_time.png")
         figures.save(fig, out / images[-1])
     last = records[-1]
     shares = pd.Series({int(k): v for k, v in last.get("worker_updates", {}).items()}, dtype=float)
     if len(shares) and shares.sum():
         cpus = {w["index"]: w["cpus"] for w in last["plan"].get("workers", []) if w.get("cpus") is not None}
-        fig = figures.worker_share(shares / shares.sum(), cpus=cpus or None)
+        point = ", ".join(f"{k} = {last['provenance']['grid'].get(k)}" for k in keys)
+        fig = figures.worker_share(shares / shares.sum(), cpus=cpus or None,
+                                   title=f"Share of applied updates per worker: run {last['run_id']} ({point}, seed {last['seed']})")
         if fig is not None:
-            point = ", ".join(f"{k} = {last['provenance']['grid'].get(k)}" for k in keys)
-            fig.axes[0].set_title(f"Share of applied updates per worker: run {last['run_id']} ({point}, seed {last['seed']})",
-                                  fontsize="small")
             images.append(f"{_slug(name)}_worker_share.png")
             figures.save(fig, out / images[-1])
     count_key = next((k for k in keys if k.endswith("count")), None)
