@@ -158,14 +158,18 @@ def equal_step_experiment(profile: Profile, out: Path, backend: str, dataset: st
 
 # -- the budget ----------------------------------------------------------------------------
 
-# Minutes per run on this machine (2 cores), measured on Docker with Fashion-MNIST on 2026-12-03/04
-# (docs/REPRODUCTION.md): 64 devices for 20,000 updates, 92 min for 27 runs; 64 devices for 2,000
-# updates, 21 min for 16 runs; staleness 23 min / 18; ingress 31 min / 18; heterogeneity and
-# crashes 22 min / 9; availability 24 min / 9; two-way 7,777 s / 48; two-way time 1,661 s / 6.
-MINUTES_PER_RUN = {"bytes": 0.0, "alphas": 92 / 27, "methods": 92 / 27, "claim6": 21 / 16, "c191": 92 / 27,
-                   "equal_step": 92 / 27, "staleness": 23 / 18, "ingress": 31 / 18, "heterogeneity": 22 / 9,
-                   "crash": 22 / 9, "availability": 24 / 9, "two_way": 7777 / 48 / 60, "two_way_time": 1661 / 6 / 60,
-                   "servers": 61 / 12, "federated": 61 / 12}  # servers: 61 min for 12 runs of 240 s (2026-12-06); federated: the same shape
+# Minutes per run on this machine (2 cores, Docker, Fashion-MNIST), from the wall time of whole
+# invocations (docs/REPRODUCTION.md states each). 64 devices for 20,000 updates: the 2026-12-03/04
+# budget of 92 min for 27 runs fell short by half; the committed records sum 4.5-5.6 min of boot and
+# training a run (alphas 200 min / 42, methods 120 / 27, c191 61 / 12), c191's invocation took 64 min
+# for 12 runs, equal_step's 4,255 s for 12, federated's records sum 179 min for 36 (teardown adds
+# about 10 %). 64 devices for 2,000 updates: 21 min for 16 runs; staleness 1,684 s / 18; ingress
+# 2,277 s / 18, heterogeneity 1,433 s / 9, crashes 1,434 s / 9 (2026-12-07); availability 24 min / 9; two-way 7,777 s / 48;
+# two-way time 1,661 s / 6; servers 61 min / 12.
+MINUTES_PER_RUN = {"bytes": 0.0, "alphas": 64 / 12, "methods": 64 / 12, "claim6": 21 / 16, "c191": 64 / 12,
+                   "equal_step": 4255 / 12 / 60, "staleness": 1684 / 18 / 60, "ingress": 2277 / 18 / 60,
+                   "heterogeneity": 1433 / 9 / 60, "crash": 1434 / 9 / 60, "availability": 24 / 9, "two_way": 7777 / 48 / 60,
+                   "two_way_time": 1661 / 6 / 60, "servers": 61 / 12, "federated": 179 * 1.1 / 36}
 
 
 def budget(profile: Profile, dataset: str = "fashion-mnist") -> list[tuple[str, int, float]]:
