@@ -164,11 +164,12 @@ def equal_step_experiment(profile: Profile, out: Path, backend: str, dataset: st
 # training a run (alphas 200 min / 42, methods 120 / 27, c191 61 / 12), c191's invocation took 64 min
 # for 12 runs, equal_step's 4,255 s for 12, federated's records sum 179 min for 36 (teardown adds
 # about 10 %). 64 devices for 2,000 updates: 21 min for 16 runs; staleness 1,684 s / 18; ingress
-# 2,277 s / 18, heterogeneity 1,433 s / 9, crashes 1,434 s / 9 (2026-12-07); availability 24 min / 9; two-way 7,777 s / 48;
+# 2,277 s / 18, heterogeneity 1,433 s / 9, crashes 1,434 s / 9, availability 1,498 s / 9 (2026-12-07); two-way 7,777 s / 48;
 # two-way time 1,661 s / 6; servers 61 min / 12.
 MINUTES_PER_RUN = {"bytes": 0.0, "alphas": 64 / 12, "methods": 64 / 12, "claim6": 21 / 16, "c191": 64 / 12,
                    "equal_step": 4255 / 12 / 60, "staleness": 1684 / 18 / 60, "ingress": 2277 / 18 / 60,
-                   "heterogeneity": 1433 / 9 / 60, "crash": 1434 / 9 / 60, "availability": 24 / 9, "two_way": 7777 / 48 / 60,
+                   "heterogeneity": 1433 / 9 / 60, "crash": 1434 / 9 / 60, "availability": 1498 / 9 / 60,
+                   "two_way": 7777 / 48 / 60,
                    "two_way_time": 1661 / 6 / 60, "servers": 61 / 12, "federated": 179 * 1.1 / 36}
 
 
