@@ -211,7 +211,8 @@ def write_tables(collection, out: str | Path | None = None) -> pd.DataFrame:
     ``out`` (default: the sweep directory); returns the aggregate table."""
     out = Path(out or collection.path)
     keys = list(collection.grid)
-    agg = aggregate(collection.table(), keys)
+    table = collection.table()  # one pass over the runs' summaries, for both tables
+    agg = aggregate(table, keys)
     agg.to_csv(out / "sweep.csv", index=False)
     headers, rows = aggregate_rows(agg, keys)
     repeat = collection.sweep.get("repeat")
@@ -220,7 +221,7 @@ def write_tables(collection, out: str | Path | None = None) -> pd.DataFrame:
             "runs that did not complete are counted but not averaged. A run that diverged or died is a yes/no outcome: its "
             "rate has the exact (Clopper-Pearson) interval, and final accuracy is the mean of each trained run's last "
             f"{outcomes.LAST_K} evaluations, over the runs that trained only.", "", markdown_table(headers, rows)]
-    headers, rows = paired_to_first(collection.table(), keys)
+    headers, rows = paired_to_first(table, keys)
     if rows:
         text += ["", PAIRED_INTRO, "", markdown_table(headers, rows)]
     (out / "sweep.md").write_text("\n".join(text))
